@@ -1,0 +1,127 @@
+"""Position representations against independent implementations in Hugging Face transformers
+(BLOOM's ALiBi, GPT-J's interleaved rotary embedding) plus their defining properties."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+from transformers.models.gptj.modeling_gptj import (
+    apply_rotary_pos_emb,
+    create_sinusoidal_positions,
+)
+
+from course_lib.positions import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    sinusoidal_encoding,
+)
+
+
+def test_sinusoidal_matches_gptj_tables():
+    # GPT-J stores the same sin / cos values as two halves instead of interleaved pairs.
+    ref = create_sinusoidal_positions(50, 16)
+    ours = sinusoidal_encoding(50, 16)
+    torch.testing.assert_close(ours[:, 0::2], ref[:, :8])
+    torch.testing.assert_close(ours[:, 1::2], ref[:, 8:])
+
+
+def test_sinusoidal_dot_product_depends_only_on_offset():
+    pe = sinusoidal_encoding(200, 64)
+    for offset in (1, 5, 17):
+        dots = (pe[:-offset] * pe[offset:]).sum(-1)
+        torch.testing.assert_close(dots, dots[0].expand_as(dots), atol=1e-4, rtol=0)
+
+
+def test_sinusoidal_module_follows_any_length():
+    module = SinusoidalPositionalEncoding(8)
+    torch.testing.assert_close(module(300), sinusoidal_encoding(300, 8))
+    torch.testing.assert_close(module(3, offset=4), sinusoidal_encoding(7, 8)[4:])
+    assert len(module.state_dict()) == 0
+
+
+def test_learned_positions_have_a_hard_length_limit():
+    table = LearnedPositionalEmbedding(8, 4)
+    assert table(8).shape == (8, 4)
+    with pytest.raises(ValueError, match="max_len=8"):
+        table(9)
+
+
+@pytest.mark.parametrize("n_heads", [1, 2, 3, 4, 6, 8, 12, 16, 20])
+def test_alibi_slopes_match_bloom(n_heads):
+    # BLOOM's alibi tensor is slope_h * position for each head; position 1 gives the slope.
+    ref = build_alibi_tensor(torch.ones(1, 4, dtype=torch.long), n_heads, torch.float32)
+    torch.testing.assert_close(alibi_slopes(n_heads), ref[:, 0, 1])
+
+
+def test_alibi_slopes_for_eight_heads_are_the_papers():
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+
+
+def test_alibi_bias_is_eq13_for_one_head_with_slope_one():
+    bias = alibi_bias(5, slopes=torch.tensor([1.0]))
+    assert bias.shape == (1, 5, 5)
+    # row i = [-i, ..., -1, 0, -1, ..., -(n-1-i)]
+    assert bias[0, 2].tolist() == [-2.0, -1.0, 0.0, -1.0, -2.0]
+    assert bias[0, 0].tolist() == [0.0, -1.0, -2.0, -3.0, -4.0]
+
+
+def test_alibi_bias_per_head_and_rectangular():
+    bias = alibi_bias(3, 5, n_heads=2)
+    slopes = alibi_slopes(2)
+    assert bias.shape == (2, 3, 5)
+    # the last query sits at the last key position
+    torch.testing.assert_close(bias[:, -1, -1], torch.zeros(2))
+    torch.testing.assert_close(bias[1, 0], -slopes[1] * torch.tensor([2.0, 1, 0, 1, 2]))
+
+
+def test_rope_matches_gptj():
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 3, 16)  # GPT-J's layout: (B, T, H, Dh)
+    table = create_sinusoidal_positions(7, 16)  # (T, Dh) = [sin | cos]
+    sin, cos = table[None, :, :8], table[None, :, 8:]
+    ref = apply_rotary_pos_emb(x, sin, cos)
+    ours = apply_rope(x.transpose(1, 2)).transpose(1, 2)  # ours wants (..., T, Dh)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_keeps_norms_and_position_zero():
+    x = torch.randn(3, 10, 8)
+    out = apply_rope(x)
+    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[:, 0], x[:, 0])  # rotation by angle 0
+
+
+@given(
+    p=st.integers(0, 200),
+    r=st.integers(0, 200),
+    shift=st.integers(0, 500),
+    d_half=st.integers(1, 16),
+    seed=st.integers(0, 2**16),
+)
+def test_rope_scores_depend_only_on_offset(p, r, shift, d_half, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 2 * d_half, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, 2 * d_half, generator=gen, dtype=torch.float64)
+    rope = RotaryEmbedding(2 * d_half)
+
+    def score(pos_q, pos_k):
+        rq = rope(q.float(), torch.tensor([pos_q]))
+        rk = rope(k.float(), torch.tensor([pos_k]))
+        return float((rq * rk).sum())
+
+    # moving both tokens by the same amount leaves their score unchanged
+    assert score(p, r) == pytest.approx(score(p + shift, r + shift), abs=2e-3)
+
+
+def test_rope_rejects_odd_dims_and_wrong_positions():
+    with pytest.raises(ValueError, match="even"):
+        apply_rope(torch.randn(4, 5))
+    with pytest.raises(ValueError, match="positions"):
+        apply_rope(torch.randn(4, 6), torch.arange(3))
