@@ -1,0 +1,206 @@
+"""The machinery behind every graded check.
+
+A check runs the learner's function on a list of :class:`Case` objects (random and edge-case
+inputs), compares each result with course_lib's reference implementation and, when they differ,
+tries to recognise the mistake: it evaluates a few plausible wrong answers (softmax over the
+wrong axis, a missing 1/sqrt(d), ...) and, if the learner's output matches one of them, says so.
+
+Outcomes:
+    * every case matches: a single line starting with a check mark is printed;
+    * the exercise is still a stub: the learner's ``NotImplementedError`` propagates unchanged,
+      so an unsolved exercise fails at its own graded cell;
+    * anything else: :class:`CheckFailure` (an ``AssertionError``) with a message about the
+      likely misconception and the case that exposed it.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ATOL = 1e-5
+RTOL = 1e-4
+
+
+class CheckFailure(AssertionError):
+    """A learner's function gave a wrong answer; the message says what looks wrong."""
+
+
+@dataclass
+class Case:
+    """One set of inputs for the learner's function.
+
+    Attributes:
+        name: short description shown in messages, e.g. ``"batched, T=1"``.
+        args: positional arguments.
+        kwargs: keyword arguments.
+        hint: added to the message when the learner's function raises on this case (e.g. a
+            batched case: "transpose the last two dimensions, not all of them").
+    """
+
+    name: str
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    hint: str = ""
+
+
+@dataclass
+class Misconception:
+    """A plausible wrong answer and what to tell a learner whose output matches it.
+
+    Attributes:
+        wrong: computes the wrong answer from the case's inputs (same arguments as the learner's
+            function); may return None when it does not apply to a case.
+        message: what to tell the learner.
+    """
+
+    wrong: Callable[..., Any]
+    message: str
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for messages: a tensor's shape and dtype, or its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} items"
+    if value is None:
+        return "None (did you forget to return the result?)"
+    return f"a {type(value).__name__}"
+
+
+def _snapshot(values: Iterable[Any]) -> list[Any]:
+    return [v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+            for v in values]
+
+
+def _arg_names(fn: Callable, n_args: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"argument {i + 1}" for i in range(n_args)]
+
+
+def call_learner(fn: Callable, case: Case, *, fn_name: str | None = None) -> Any:
+    """Call ``fn`` on a case and turn learner-side problems into clear messages.
+
+    The inputs are copied first and compared afterwards, so a function that modifies its
+    inputs in place is caught (and the caller's tensors are never touched).
+    """
+    name = fn_name or getattr(fn, "__name__", "your function")
+    if not callable(fn):
+        raise CheckFailure(f"expected a function, got {describe(fn)}")
+    args = _snapshot(case.args)
+    kwargs = dict(zip(case.kwargs, _snapshot(case.kwargs.values()), strict=True))
+    before = _snapshot(args), _snapshot(kwargs.values())
+    try:
+        result = fn(*args, **kwargs)
+    except NotImplementedError:
+        raise  # an unsolved exercise: let it fail as itself
+    except CheckFailure:
+        raise
+    except Exception as exc:
+        raise CheckFailure(
+            f"{name} raised {type(exc).__name__} on the case '{case.name}' "
+            f"(inputs: {_describe_inputs(fn, case)}):\n    {exc}"
+            + (f"\nHint: {case.hint}" if case.hint else "")
+        ) from exc
+    names = _arg_names(fn, len(args)) + list(kwargs)
+    for arg_name, old, new in zip(names, [*before[0], *before[1]], [*args, *kwargs.values()],
+                                  strict=True):
+        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+            if old.shape != new.shape or not torch.equal(old, new):
+                raise CheckFailure(
+                    f"{name} changed its input '{arg_name}' in place (case '{case.name}'). "
+                    f"Operations such as {arg_name} /= ..., {arg_name}[...] = ... or "
+                    f"{arg_name}.mul_(...) overwrite the caller's tensor; compute a new tensor "
+                    "instead."
+                )
+    return result
+
+
+def _describe_inputs(fn: Callable, case: Case) -> str:
+    names = _arg_names(fn, len(case.args))
+    parts = [f"{n}: {describe(v)}" for n, v in zip(names, case.args, strict=True)]
+    parts += [f"{k}: {describe(v)}" for k, v in case.kwargs.items()]
+    return "; ".join(parts) if parts else "none"
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> bool:
+    if a.shape != b.shape:
+        return False
+    return bool(torch.allclose(a.double().cpu(), b.double().cpu(), atol=atol, rtol=rtol,
+                               equal_nan=False))
+
+
+def compare_tensors(
+    got: Any,
+    expected: torch.Tensor,
+    case: Case,
+    *,
+    what: str,
+    misconceptions: Sequence[Misconception] = (),
+    atol: float = ATOL,
+    rtol: float = RTOL,
+) -> None:
+    """Fail with a specific message unless ``got`` matches ``expected``.
+
+    Order of diagnosis: not a tensor; a known misconception (checked even when the shape is
+    wrong, since some mistakes change the shape); a wrong shape; NaN or inf; wrong values.
+    """
+    if not isinstance(got, torch.Tensor):
+        hint = ""
+        if isinstance(got, tuple) and any(isinstance(g, torch.Tensor) for g in got):
+            hint = " Return only the tensor asked for, not a tuple."
+        raise CheckFailure(
+            f"{what} should be a tensor of shape {tuple(expected.shape)}, but your function "
+            f"returned {describe(got)} (case '{case.name}').{hint}"
+        )
+    for m in misconceptions:
+        wrong = m.wrong(*case.args, **case.kwargs)
+        if isinstance(wrong, torch.Tensor) and _close(got, wrong, atol, rtol) and not _close(
+            wrong, expected, atol, rtol
+        ):
+            raise CheckFailure(f"{m.message} (seen on the case '{case.name}')")
+    if got.shape != expected.shape:
+        raise CheckFailure(
+            f"{what} has shape {tuple(got.shape)} but should have shape "
+            f"{tuple(expected.shape)} (case '{case.name}')"
+        )
+    if not torch.isfinite(got).all() and torch.isfinite(expected).all():
+        raise CheckFailure(
+            f"{what} contains NaN or inf (case '{case.name}'); look for exp() of large numbers "
+            "or a division by zero"
+        )
+    if not _close(got, expected, atol, rtol):
+        diff = (got.double().cpu() - expected.double().cpu()).abs()
+        where = tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
+        raise CheckFailure(
+            f"{what} has the right shape but wrong values (case '{case.name}'): the largest "
+            f"difference from the expected result is {float(diff.max()):.3g} at index {where}"
+        )
+
+
+def run_cases(
+    name: str,
+    fn: Callable,
+    cases: Sequence[Case],
+    check_one: Callable[[Any, Case], None],
+) -> None:
+    """Run every case through ``check_one(result, case)`` and print one pass line at the end."""
+    for case in cases:
+        result = call_learner(fn, case)
+        check_one(result, case)
+    labels = ", ".join(c.name for c in cases)
+    print(f"\u2705 {name} passed: {len(cases)} cases ({labels})")
+
+
+def rand(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    """A float32 normal tensor from ``gen`` (checks are reproducible, not learner-seeded)."""
+    return torch.randn(*shape, generator=gen) * scale
