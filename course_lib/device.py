@@ -50,18 +50,14 @@ def available_devices() -> list[torch.device]:
     return devices
 
 
-def seed_everything(seed: int) -> torch.Generator:
+def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and PyTorch's random number generators (all devices).
 
     Args:
-        seed: any integer.
-
-    Returns:
-        A CPU ``torch.Generator`` seeded with ``seed``, handy for code that wants its own stream.
+        seed: any integer. For a separate random stream, use ``torch.Generator().manual_seed``.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
-    return torch.Generator().manual_seed(seed)

@@ -179,11 +179,11 @@ def grade_notebook(
                     consecutive_timeouts = 0
                     error = _error_of(cell)
                     statuses[index] = _status_for(error)
-                    if error and index not in graded_at and error[0] in (
-                        "SyntaxError", "IndentationError"
-                    ):
+                    if error and index not in graded_at:
+                        kind = ("has a" if error[0] in ("SyntaxError", "IndentationError")
+                                else "raised")
                         result.problems.append(
-                            f"cell {index} has a {error[0]}: {_first_line(error[1])}"
+                            f"cell {index} {kind} {error[0]}: {_first_line(error[1])}"
                         )
         except Exception as exc:  # the kernel never started, or died during set-up
             result.problems.append(f"could not run the notebook: {_first_line(exc)}")

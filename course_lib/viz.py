@@ -5,6 +5,7 @@ Shape legend: T query length, S key length.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -116,7 +117,7 @@ def plot_attention(
     return ax
 
 
-def interactive(function: Callable[..., Any], **controls: Any) -> Any:
+def interactive(function: Callable[..., Any], **controls: Any) -> None:
     """Show ``function`` with ipywidgets controls, or call it once if widgets are unavailable.
 
     The widgets only work with a live front end (JupyterLab, Notebook, Colab). Elsewhere --
@@ -125,11 +126,11 @@ def interactive(function: Callable[..., Any], **controls: Any) -> Any:
 
     Args:
         function: a plain function whose keyword arguments match ``controls``.
-        controls: ipywidgets controls or abbreviations accepted by ``ipywidgets.interact``
-            (e.g. ``d=(2, 512, 2)`` for an integer slider).
+        controls: ipywidgets controls, or abbreviations: ``(min, max)`` or ``(min, max, step)``
+            for a slider (integer if all are ints), a list of options for a drop-down. Each
+            control starts at the function's default for that argument (else the middle).
 
-    Returns:
-        The ``ipywidgets.interactive`` object (or the function's return value in the fallback).
+    Nothing is returned, so the widget is shown once even when this is a cell's last line.
     """
     try:
         import ipywidgets
@@ -137,11 +138,43 @@ def interactive(function: Callable[..., Any], **controls: Any) -> Any:
         from IPython.display import display
     except ImportError:
         ipywidgets = None
+    defaults = {
+        name: p.default for name, p in inspect.signature(function).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
     if ipywidgets is None or get_ipython() is None:
-        return function(**{name: _initial_value(c) for name, c in controls.items()})
-    widget = ipywidgets.interactive(function, **controls)
-    display(widget)
-    return widget
+        function(**{name: defaults.get(name, _initial_value(c)) for name, c in controls.items()})
+        return
+    widgets = {name: _make_widget(ipywidgets, name, c, defaults.get(name))
+               for name, c in controls.items()}
+    display(ipywidgets.interactive(function, **widgets))
+
+
+def _make_widget(ipywidgets: Any, name: str, control: Any, default: Any = None) -> Any:
+    """Turn an abbreviation into a widget whose label is shown in full and which updates when
+    the slider is released (so a slow plot does not redraw at every pixel of a drag)."""
+    style = {"description_width": "initial"}
+    if isinstance(control, ipywidgets.Widget):
+        return control
+    if isinstance(control, tuple) and 2 <= len(control) <= 3 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in control
+    ):
+        low, high = control[0], control[1]
+        value = default if default is not None and low <= default <= high else (
+            _initial_value(control))
+        if all(isinstance(v, int) for v in control):
+            step = control[2] if len(control) == 3 else 1
+            return ipywidgets.IntSlider(value=value, min=low, max=high, step=step,
+                                        description=name, style=style,
+                                        continuous_update=False)
+        step = control[2] if len(control) == 3 else (high - low) / 100
+        return ipywidgets.FloatSlider(value=value, min=low, max=high, step=step,
+                                      description=name, style=style, continuous_update=False)
+    if isinstance(control, (list, tuple)) and control:
+        value = default if default in control else control[0]
+        return ipywidgets.Dropdown(options=list(control), value=value, description=name,
+                                   style=style)
+    return control
 
 
 def _initial_value(control: Any) -> Any:

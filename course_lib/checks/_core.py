@@ -197,8 +197,8 @@ def run_cases(
     for case in cases:
         result = call_learner(fn, case)
         check_one(result, case)
-    labels = ", ".join(c.name for c in cases)
-    print(f"\u2705 {name} passed: {len(cases)} cases ({labels})")
+    labels = "; ".join(c.name for c in cases)
+    print(f"\u2705 {name} is correct on all {len(cases)} test cases ({labels})")
 
 
 def rand(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:

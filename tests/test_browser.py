@@ -1,0 +1,195 @@
+"""The learner's path in a real browser: JupyterLab in headless Chromium runs every lecture
+notebook with Run > Run All Cells, and we check what a learner would see.
+
+For each notebook: no cell ends in an error (read back from the saved copy), at least one figure
+is drawn, and the notebook's widgets appear. Screenshots go to artifacts/screenshots/ (ignored
+by git). JupyterLab serves a temporary copy of notebooks/ with the stored outputs cleared, so every figure
+and widget seen was produced in the browser, and the repository is never modified.
+
+Needs Debian's ``chromium`` package and the ``playwright`` Python package (never
+``playwright install``); skipped when either is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+RUN_TIMEOUT_S = 240  # per notebook; the slowest lecture takes well under this on a 2-core CPU
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is needed")
+if not Path(CHROMIUM).exists():
+    pytest.skip("Chromium is not installed (Debian package 'chromium')", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_settings(settings_dir: Path) -> None:
+    """Render every cell (no virtual scrolling) and keep the news pop-up away."""
+    for plugin, values in {
+        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+        "@jupyterlab/apputils-extension/notification": {
+            "fetchNews": "false", "checkForUpdates": False,
+        },
+    }.items():
+        path = settings_dir / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    work = tmp_path_factory.mktemp("lab")
+    root_dir = work / "course"
+    shutil.copytree(ROOT / "notebooks", root_dir)
+    for path in root_dir.glob("*.ipynb"):  # start from blank notebooks, as after "Clear"
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+        nb.metadata.pop("widgets", None)
+        nbformat.write(nb, path)
+    _write_settings(work / "settings")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["JUPYTER_CONFIG_DIR"] = str(work / "config")
+    env.pop("MPLBACKEND", None)
+    log = open(work / "jupyterlab.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
+         f"--port={port}", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root_dir}", f"--LabApp.user_settings_dir={work / 'settings'}",
+         f"--LabApp.workspaces_dir={work / 'workspaces'}"],
+        cwd=root_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                server.kill()
+                pytest.fail(f"JupyterLab did not start; see {work / 'jupyterlab.log'}")
+            time.sleep(0.5)
+    try:
+        yield {"base": base, "token": token, "root": root_dir}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def _wait_for_idle(page, timeout_s: float) -> None:
+    """Wait until the kernel status in the status bar reads Idle."""
+    page.wait_for_function(
+        """() => {
+            const bar = document.querySelector('#jp-main-statusbar');
+            return bar !== null && /\\|\\s*Idle/.test(bar.textContent);
+        }""",
+        timeout=timeout_s * 1000,
+    )
+
+
+def _run_all(page) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
+def _all_cells_done(page, n_code_cells: int) -> bool:
+    return page.evaluate(
+        """(n) => {
+            const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
+            const done = prompts.filter(p => /\\[\\d+\\]/.test(p.textContent)).length;
+            const busy = prompts.some(p => p.textContent.includes('[*]'));
+            return !busy && done >= n;
+        }""",
+        n_code_cells,
+    )
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=[p.stem for p in LECTURES])
+def test_lecture_runs_in_jupyterlab(lab, browser, path):
+    nb = nbformat.read(path, as_version=4)
+    n_code = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
+    has_widget = any("interactive(" in c.source or "ipywidgets" in c.source for c in nb.cells
+                     if c.cell_type == "code")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab['base']}/lab/tree/{path.name}?token={lab['token']}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        _wait_for_idle(page, 60)
+        page.keyboard.press("Control+b")  # hide the file browser: more notebook on screenshots
+        _run_all(page)
+        deadline = time.time() + RUN_TIMEOUT_S
+        while not _all_cells_done(page, n_code):
+            if time.time() > deadline:
+                pytest.fail(f"{path.name}: cells still running after {RUN_TIMEOUT_S} s")
+            time.sleep(1)
+        _wait_for_idle(page, 60)
+        time.sleep(1)  # let the last outputs and widgets render
+
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{path.stem}.png"))
+        images = page.locator(".jp-OutputArea-output img").count()
+        widgets = page.locator(".jp-OutputArea-output .widget-interact, "
+                               ".jp-OutputArea-output .jupyter-widgets").count()
+        if widgets:
+            page.locator(".jp-OutputArea-output .jupyter-widgets").first.scroll_into_view_if_needed()
+            page.screenshot(path=str(SCREENSHOTS / f"{path.stem}-widget.png"))
+
+        page.keyboard.press("Control+s")  # save the copy so its outputs can be read back
+        time.sleep(2)
+    finally:
+        page.close()
+
+    saved = nbformat.read(lab["root"] / path.name, as_version=4)
+    errors = [
+        f"cell {i}: {o.get('ename')}: {o.get('evalue')}"
+        for i, c in enumerate(saved.cells) if c.cell_type == "code"
+        for o in c.get("outputs", []) if o.get("output_type") == "error"
+    ]
+    assert errors == [], f"{path.name} produced errors in the browser: {errors}"
+    ran = [c for c in saved.cells if c.cell_type == "code" and c.source.strip()]
+    assert all(c.execution_count for c in ran), "not every cell ran"
+    assert images >= 1, f"{path.name}: no figure was rendered"
+    if has_widget:
+        assert widgets >= 1, f"{path.name}: its widgets did not render"

@@ -1,0 +1,79 @@
+"""Plot helpers, the widget helper's fallback, and the shared set-up cell."""
+
+from __future__ import annotations
+
+import ipywidgets
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import nbformat  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from course_lib import colab  # noqa: E402
+from course_lib.viz import _make_widget, interactive, plot_attention, use_course_style  # noqa: E402
+
+
+def test_plot_attention_labels_and_values():
+    use_course_style()
+    weights = torch.softmax(torch.randn(3, 4), dim=-1)
+    ax = plot_attention(weights, ["a", "b", "c"], ["w", "x", "y", "z"], title="demo")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["w", "x", "y", "z"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+    assert len(ax.texts) == 12  # every value annotated on a small matrix
+    assert ax.get_title() == "demo"
+    masked = weights.masked_fill(torch.tensor([[False, True, True, True]] * 3), float("-inf"))
+    ax = plot_attention(masked, vmin=None)
+    assert "-inf" in [t.get_text() for t in ax.texts]
+    plt.close("all")
+
+
+def test_plot_attention_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"2-D matrix \(T, S\).*weights\[0, head\]"):
+        plot_attention(torch.zeros(2, 3, 3))
+    with pytest.raises(ValueError, match="queries has 2 labels but the matrix has 3 rows"):
+        plot_attention(torch.zeros(3, 3), ["a", "b"])
+
+
+def test_interactive_without_a_front_end_calls_the_function_once_with_its_defaults():
+    calls = []
+    interactive(lambda d=64, kind="relu": calls.append((d, kind)), d=(2, 512, 2),
+                kind=["gelu", "relu"])
+    assert calls == [(64, "relu")]
+    calls.clear()
+    interactive(lambda n: calls.append(n), n=(1, 9))  # no default: the middle of the range
+    assert calls == [5]
+
+
+def test_widgets_built_from_abbreviations():
+    slider = _make_widget(ipywidgets, "temperature", (0.1, 5.0, 0.1), 1.0)
+    assert isinstance(slider, ipywidgets.FloatSlider) and slider.value == 1.0
+    assert slider.continuous_update is False and slider.style.description_width == "initial"
+    assert isinstance(_make_widget(ipywidgets, "d", (2, 512, 2), 64), ipywidgets.IntSlider)
+    menu = _make_widget(ipywidgets, "kind", ["a", "b"], "b")
+    assert isinstance(menu, ipywidgets.Dropdown) and menu.value == "b"
+    existing = ipywidgets.Checkbox()
+    assert _make_widget(ipywidgets, "flag", existing) is existing
+
+
+def test_setup_cell_sync(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("x = 1")]
+    nbformat.write(nb, folder / "03_demo.ipynb")
+    assert colab.sync([folder], check=True) == [
+        f"{folder / '03_demo.ipynb'}: the first code cell must be the set-up cell (tagged 'setup')"]
+    assert colab.sync([folder]) == [f"updated {folder / '03_demo.ipynb'}"]
+    fixed = nbformat.read(folder / "03_demo.ipynb", as_version=4)
+    assert fixed.cells[1].source == colab.SETUP_CELL and fixed.cells[2].source == "x = 1"
+    assert colab.sync([folder], check=True) == []
+    fixed.cells[1].source = fixed.cells[1].source.replace("your-account", "someone")
+    nbformat.write(fixed, folder / "03_demo.ipynb")
+    assert "differs" in colab.sync([folder], check=True)[0]
+
+
+def test_setup_cell_keeps_colabs_torch():
+    assert "%pip install" in colab.SETUP_CELL and "torch" not in colab.SETUP_CELL.split("%pip")[1]
+    assert colab.REPO_URL in colab.SETUP_CELL and "if IN_COLAB:" in colab.SETUP_CELL
