@@ -388,6 +388,42 @@ def count_parameters(module: nn.Module, *, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in params.values())
 
 
+def parameter_breakdown(model: nn.Module) -> dict[str, int]:
+    """Count a course_lib model's parameters by the kind of component that holds them.
+
+    Groups: ``"embeddings"`` (token, position and segment tables, and an embedding LayerNorm),
+    ``"attention"`` (self- and cross-attention projections), ``"feed-forward"``,
+    ``"layer norms"`` (inside the blocks and the final one) and ``"output head"`` (an untied
+    output layer). Tied weights are counted once, under embeddings.
+
+    Returns:
+        ``{group: count}`` for every group with parameters; the counts add up to
+        :func:`count_parameters`.
+    """
+    groups = {"embeddings": 0, "attention": 0, "feed-forward": 0, "layer norms": 0,
+              "output head": 0, "other": 0}
+    seen: set[int] = set()
+    for name, param in model.named_parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        parts = name.split(".")
+        if "embeddings" in parts:
+            group = "embeddings"
+        elif "self_attn" in parts or "cross_attn" in parts:
+            group = "attention"
+        elif "ff" in parts:
+            group = "feed-forward"
+        elif "norm" in parts or "final_norm" in parts:
+            group = "layer norms"
+        elif "lm_head" in parts:
+            group = "output head"
+        else:
+            group = "other"
+        groups[group] += param.numel()
+    return {group: count for group, count in groups.items() if count}
+
+
 class Embeddings(nn.Module):
     """Token embeddings plus (depending on ``positions``) absolute position vectors and
     segment embeddings, then optional LayerNorm and dropout.

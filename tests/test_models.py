@@ -20,6 +20,7 @@ from course_lib.models import (
     TransformerDecoder,
     TransformerEncoder,
     count_parameters,
+    parameter_breakdown,
     sample_next_token,
 )
 
@@ -262,3 +263,19 @@ def test_generate_needs_the_right_model():
     model = _seq2seq()
     with pytest.raises(ValueError, match="EncoderDecoder.generate"):
         model.decoder.generate(torch.tensor([[1]]), 2)
+
+
+def test_parameter_breakdown_adds_up_and_matches_the_formula():
+    model = _gpt(tie_embeddings=False)
+    parts = parameter_breakdown(model)
+    assert sum(parts.values()) == count_parameters(model)
+    d, f, n = 16, 64, 2
+    assert parts["attention"] == n * (4 * d * d + 4 * d)
+    assert parts["feed-forward"] == n * (2 * d * f + f + d)
+    assert parts["layer norms"] == n * 4 * d + 2 * d
+    assert parts["embeddings"] == 20 * d + 12 * d
+    assert parts["output head"] == 20 * d
+    assert "output head" not in parameter_breakdown(_gpt())  # tied: counted as embeddings
+    seq2seq = _seq2seq()
+    assert sum(parameter_breakdown(seq2seq).values()) == count_parameters(seq2seq)
+    assert "other" not in parameter_breakdown(seq2seq)
