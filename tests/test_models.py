@@ -180,6 +180,15 @@ def test_greedy_and_top_k_sampling():
     assert hot == {0, 1, 2, 3}
 
 
+def test_generation_past_the_context_sees_the_last_max_len_tokens():
+    model = _gpt()  # max_len 12
+    torch.manual_seed(1)
+    prompt = torch.randint(0, 20, (2, 30))
+    out = model.generate(prompt, 1, temperature=0)
+    expected = model(prompt[:, -12:]).logits[:, -1].argmax(-1)
+    assert torch.equal(out[:, -1], expected)
+
+
 def test_greedy_generation_takes_the_argmax():
     model = _gpt()
     prompt = torch.tensor([[3, 1, 4]])
