@@ -26,27 +26,31 @@ on_devices = pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.type)
 
 # ------------------------------------------------------------------ notebooks under nbval
 
-_NOTEBOOK_SECONDS: dict[str, float] = {}
+
+class NotebookTimes:
+    """Adds up the time of every cell (and the kernel start-up) of each notebook and prints
+    the totals at the end. Registered as a global plugin: hooks in this conftest would only
+    see the items under tests/, not the notebooks."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report):
+        path = report.nodeid.split("::", 1)[0]
+        if path.endswith(".ipynb"):
+            self.seconds[path] = self.seconds.get(path, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.seconds:
+            return
+        terminalreporter.section("notebook execution times")
+        for path, seconds in sorted(self.seconds.items()):
+            terminalreporter.write_line(f"{seconds:7.1f} s  {path}")
 
 
 def pytest_configure(config):
-    """Resolve the nbval sanitize file against the repository root, so `pytest` works from any
-    working directory (nbval itself reads the path relative to the current directory)."""
+    # nbval reads the sanitize file relative to the current directory: anchor it at the root
     path = getattr(config.option, "nbval_sanitize_with", None)
     if path and not os.path.isabs(path):
         config.option.nbval_sanitize_with = str(config.rootpath / path)
-
-
-def pytest_runtest_logreport(report):
-    """Add up the time of every cell (and the kernel start-up) of each notebook."""
-    path = report.nodeid.split("::", 1)[0]
-    if path.endswith(".ipynb"):
-        _NOTEBOOK_SECONDS[path] = _NOTEBOOK_SECONDS.get(path, 0.0) + report.duration
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not _NOTEBOOK_SECONDS:
-        return
-    terminalreporter.section("notebook execution times")
-    for path, seconds in sorted(_NOTEBOOK_SECONDS.items()):
-        terminalreporter.write_line(f"{seconds:7.1f} s  {path}")
+    config.pluginmanager.register(NotebookTimes(), "course-notebook-times")

@@ -1,19 +1,132 @@
-"""Checks for chapter 02, self-attention."""
+"""Checks for chapter 02, self-attention.
+
+Exercises and their checks:
+    2.1 ``attention_weights(q, k)``              -> :func:`check_attention_weights`
+    2.2 ``self_attention(X, W_q, W_k, W_v)``     -> :func:`check_self_attention`
+    2.3 ``scaled_dot_product_attention(q, k, v)`` -> :func:`check_scaled_dot_product_attention`
+    2.4 ``is_permutation_equivariant(f, X, perm)`` -> :func:`check_is_permutation_equivariant`
+
+Shape legend: T query length, S key length, d_in input size, d_k query/key size, d_v value size.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ..attention import attention_scores, softmax
-from ._core import Case, CheckFailure, Misconception, compare_tensors, rand, run_cases
+from ..attention import attention_scores, scaled_dot_product_attention, softmax
+from ..positions import sinusoidal_encoding
+from ._core import (
+    ATOL,
+    RTOL,
+    Case,
+    CheckFailure,
+    Misconception,
+    _close,
+    call_learner,
+    compare_tensors,
+    describe,
+    rand,
+    run_cases,
+)
 
 BATCH_HINT = (
     "your function seems to handle 2-D inputs only. With leading batch dimensions, transpose "
     "just the last two dimensions, k.transpose(-2, -1); k.T reverses all of them"
 )
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def _raw(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return q @ k.transpose(-2, -1)
+
+
+def _fits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a @ b`` is defined (batch dimensions broadcast, inner sizes agree)."""
+    if a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]:
+        return False
+    try:
+        torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except RuntimeError:
+        return False
+    return True
+
+
+def _times(weights: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor | None:
+    """``weights @ v`` when the shapes allow it, None otherwise (a mistake that cannot apply)."""
+    if weights is None or not _fits(weights, v):
+        return None
+    return weights @ v
+
+
+# Plausible wrong attention weights, as functions of (q, k, d_v). Each returns None when the
+# mistake cannot apply to a case (e.g. a d_v-vs-d_k confusion when d_v == d_k). Shared by the
+# checks of exercises 2.2 and 2.3 (2.1 keeps its own list, ATTENTION_WEIGHT_MISTAKES, below).
+WeightMistake = tuple[Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor | None], str]
+
+_WEIGHT_MISTAKES: list[WeightMistake] = [
+    (
+        lambda q, k, d_v: softmax(_raw(q, k) / math.sqrt(q.shape[-1]), dim=-2),
+        "the columns of your attention weights sum to 1 instead of the rows: apply the softmax "
+        "over the last dimension (over the keys), e.g. torch.softmax(scores, dim=-1)",
+    ),
+    (
+        lambda q, k, d_v: softmax(_raw(q, k)),
+        "you used softmax(Q K^T) without scaling: divide the scores by sqrt(d_k), where d_k is "
+        "the size of the queries and keys, before the softmax",
+    ),
+    (
+        lambda q, k, d_v: None if d_v == q.shape[-1] else softmax(_raw(q, k) / math.sqrt(d_v)),
+        "you scaled the scores by 1/sqrt(d_v), the size of the values; the scale is "
+        "1/sqrt(d_k), the size of the queries and keys (q.shape[-1])",
+    ),
+    (
+        lambda q, k, d_v: softmax(_raw(q, k) / q.shape[-1]),
+        "you divided the scores by d_k; the scale is 1/sqrt(d_k) (math.sqrt(d_k) or d_k ** 0.5)",
+    ),
+    (
+        lambda q, k, d_v: (softmax(_raw(k, q) / math.sqrt(q.shape[-1]))
+                           if q.shape[-2] == k.shape[-2] else None),
+        "your attention weights look transposed: row i should hold query i's weights over all "
+        "the keys, so compute the scores as Q @ K^T, not K @ Q^T",
+    ),
+    (
+        lambda q, k, d_v: torch.exp(_raw(q, k) / math.sqrt(q.shape[-1])),
+        "your attention weights are not normalised: you exponentiated the scores but did not "
+        "divide each row by its sum (that is the rest of the softmax)",
+    ),
+    (
+        lambda q, k, d_v: _raw(q, k) / math.sqrt(q.shape[-1]),
+        "you used the scaled scores themselves as weights: apply a softmax over the keys first",
+    ),
+]
+
+
+def _weight_misconceptions() -> list[Misconception]:
+    """The weight mistakes, as misconceptions about (q, k, v) -> weights."""
+    return [
+        Misconception(lambda q, k, v, _w=wrong: _w(q, k, v.shape[-1]),
+                      message[0].upper() + message[1:])
+        for wrong, message in _WEIGHT_MISTAKES
+    ]
+
+
+def _output_misconceptions(prefix: str) -> list[Misconception]:
+    """The weight mistakes carried through to the output, as misconceptions (q, k, v) -> out."""
+    return [
+        Misconception(lambda q, k, v, _w=wrong: _times(_w(q, k, v.shape[-1]), v),
+                      f"{prefix}{message}")
+        for wrong, message in _WEIGHT_MISTAKES
+    ]
+
+
+# --------------------------------------------------------------------------- exercise 2.1
 
 
 def _qk_cases(seed: int) -> list[Case]:
@@ -29,10 +142,6 @@ def _qk_cases(seed: int) -> list[Case]:
         Case("one query, 6 keys", (rand(gen, 1, 16), rand(gen, 6, 16))),
         Case("large scores", (rand(gen, 4, 8, scale=40.0), rand(gen, 4, 8, scale=40.0))),
     ]
-
-
-def _raw(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    return q @ k.transpose(-2, -1)
 
 
 ATTENTION_WEIGHT_MISTAKES = [
@@ -68,6 +177,31 @@ ATTENTION_WEIGHT_MISTAKES = [
 ]
 
 
+def _overflow_nan(got: Any, case: Case) -> None:
+    if isinstance(got, torch.Tensor) and torch.isnan(got).any() and case.name == "large scores":
+        raise CheckFailure(
+            "Your weights contain NaN when the scores are large: exp() overflows. Subtract "
+            "each row's maximum before exponentiating (it cancels in the ratio), or use "
+            "torch.softmax, which does this for you"
+        )
+
+
+def _batched_shape(got: Any, expected: torch.Tensor, q: torch.Tensor, what: str) -> None:
+    """A batched result with the right last two sizes but wrong leading ones: k.T on a batch."""
+    if (
+        isinstance(got, torch.Tensor)
+        and got.dim() >= 2
+        and q.dim() > 2
+        and got.shape[-2:] == expected.shape[-2:]
+        and got.shape != expected.shape
+    ):
+        raise CheckFailure(
+            f"For batched inputs of shape {tuple(q.shape)} {what} should have shape "
+            f"{tuple(expected.shape)}, got {tuple(got.shape)}. Transpose only the last two "
+            "dimensions of k: k.transpose(-2, -1) (k.T flips every dimension)"
+        )
+
+
 def check_attention_weights(attention_weights: Callable) -> None:
     """Check ``attention_weights(q, k)`` = softmax(q k^T / sqrt(d)) over the keys.
 
@@ -79,25 +213,393 @@ def check_attention_weights(attention_weights: Callable) -> None:
     def check_one(got, case: Case) -> None:
         q, k = case.args
         expected = softmax(attention_scores(q, k))
-        if isinstance(got, torch.Tensor) and torch.isnan(got).any() and case.name == "large scores":
-            raise CheckFailure(
-                "Your weights contain NaN when the scores are large: exp() overflows. Subtract "
-                "each row's maximum before exponentiating (it cancels in the ratio), or use "
-                "torch.softmax, which does this for you"
-            )
-        if (
-            isinstance(got, torch.Tensor)
-            and got.dim() >= 2
-            and q.dim() > 2
-            and got.shape[-2:] == expected.shape[-2:]
-            and got.shape != expected.shape
-        ):
-            raise CheckFailure(
-                f"For batched inputs of shape {tuple(q.shape)} the weights should have shape "
-                f"{tuple(expected.shape)}, got {tuple(got.shape)}. Transpose only the last two "
-                "dimensions of k: k.transpose(-2, -1) (k.T flips every dimension)"
-            )
+        _overflow_nan(got, case)
+        _batched_shape(got, expected, q, "the weights")
         compare_tensors(got, expected, case, what="Your attention weights",
                         misconceptions=ATTENTION_WEIGHT_MISTAKES)
 
     run_cases("attention_weights", attention_weights, _qk_cases(seed=2), check_one)
+
+
+# --------------------------------------------------------------------------- exercise 2.2
+
+CONVENTION_HINT = (
+    "the convention is Q = X @ W_q, K = X @ W_k, V = X @ W_v: X is (T, d_in) and W_q is "
+    "(d_in, d_k), so multiply X on the right by each W, without transposing. (Watch out: "
+    "torch.nn.functional.linear(X, W) computes X @ W.T, the other convention.)"
+)
+
+
+def _projection_case(gen: torch.Generator, name: str, t: int, d_in: int, d_k: int, d_v: int,
+                     *, scale: float = 1.0) -> Case:
+    x = rand(gen, t, d_in, scale=scale)
+    # weights scaled by 1/sqrt(d_in) so the projections have unit-size entries
+    w_q, w_k, w_v = (rand(gen, d_in, d, scale=1.0 / math.sqrt(d_in)) for d in (d_k, d_k, d_v))
+    return Case(name, (x, w_q, w_k, w_v), hint=CONVENTION_HINT)
+
+
+def _self_attention_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        # square weights first: shapes alone cannot reveal a transposed W or a missing W_v
+        _projection_case(gen, "square weights, T=5, d_in=d_k=d_v=4", 5, 4, 4, 4),
+        _projection_case(gen, "T=4, d_in=6, d_k=3, d_v=5", 4, 6, 3, 5),
+        _projection_case(gen, "T=3, d_in=8, d_k=4, d_v=3", 3, 8, 4, 3),
+        _projection_case(gen, "T=6, d_in=5, d_k=7, d_v=2", 6, 5, 7, 2),
+        _projection_case(gen, "one token, T=1, d_in=4, d_k=2, d_v=3", 1, 4, 2, 3),
+        _projection_case(gen, "large scores, T=5, d_in=d_k=d_v=6", 5, 6, 6, 6, scale=15.0),
+    ]
+
+
+def _qkv(x, w_q, w_k, w_v):
+    return x @ w_q, x @ w_k, x @ w_v
+
+
+def _transposed_projections(x, w_q, w_k, w_v):
+    if not all(w.shape[0] == w.shape[1] for w in (w_q, w_k, w_v)):
+        return None
+    return scaled_dot_product_attention(x @ w_q.T, x @ w_k.T, x @ w_v.T)[0]
+
+
+def _with_qkv(wrong: Callable) -> Callable:
+    """Lift a mistake about (q, k, v) to one about (X, W_q, W_k, W_v)."""
+    return lambda x, w_q, w_k, w_v: wrong(*_qkv(x, w_q, w_k, w_v))
+
+
+SELF_ATTENTION_MISTAKES = [
+    Misconception(
+        lambda x, w_q, w_k, w_v: softmax(attention_scores(x @ w_q, x @ w_k)),
+        "You returned the attention weights A (T, T); the exercise asks for the output "
+        "Z = A @ V, of shape (T, d_v), where V = X @ W_v",
+    ),
+    Misconception(
+        _transposed_projections,
+        "You projected with the transposed weights (X @ W.T, or nn.functional.linear): the "
+        "convention here is Q = X @ W_q, K = X @ W_k, V = X @ W_v with W_q of shape "
+        "(d_in, d_k)",
+    ),
+    Misconception(
+        lambda x, w_q, w_k, w_v: softmax(attention_scores(x @ w_q, x @ w_k)) @ x,
+        "You averaged the inputs X instead of the values: the output is A @ V with "
+        "V = X @ W_v (W_v is the third weight matrix, do not skip it)",
+    ),
+    Misconception(
+        lambda x, w_q, w_k, w_v: (None if x.shape[-1] == w_q.shape[-1] else
+                                  scaled_dot_product_attention(
+                                      x @ w_q, x @ w_k, x @ w_v,
+                                      scale=1.0 / math.sqrt(x.shape[-1]))[0]),
+        "You scaled the scores by 1/sqrt(d_in), the size of the inputs; the scale is "
+        "1/sqrt(d_k), the size of the queries and keys (W_q.shape[1])",
+    ),
+    *(Misconception(_with_qkv(m.wrong), m.message)
+      for m in _output_misconceptions("Your output is wrong because ")),
+]
+
+
+def check_self_attention(self_attention: Callable) -> None:
+    """Check ``self_attention(X, W_q, W_k, W_v)`` = softmax(Q K^T / sqrt(d_k)) V.
+
+    Args:
+        self_attention: the learner's function taking X (T, d_in), W_q and W_k (d_in, d_k) and
+            W_v (d_in, d_v), with Q = X @ W_q, K = X @ W_k, V = X @ W_v, and returning the
+            output of shape (T, d_v).
+    """
+
+    def check_one(got, case: Case) -> None:
+        x, w_q, w_k, w_v = case.args
+        expected, _ = scaled_dot_product_attention(*_qkv(x, w_q, w_k, w_v))
+        if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor):
+            raise CheckFailure(
+                "self_attention should return only the output Z, a tensor of shape "
+                f"{tuple(expected.shape)}, not a tuple (case '{case.name}')"
+            )
+        compare_tensors(got, expected, case, what="Your output Z",
+                        misconceptions=SELF_ATTENTION_MISTAKES)
+
+    run_cases("self_attention", self_attention, _self_attention_cases(seed=22), check_one)
+
+
+# --------------------------------------------------------------------------- exercise 2.3
+
+
+def _sdpa_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def case(name, q_shape, k_shape, v_shape, *, scale=1.0, hint=""):
+        return Case(name, (rand(gen, *q_shape, scale=scale), rand(gen, *k_shape, scale=scale),
+                           rand(gen, *v_shape)), hint=hint)
+
+    return [
+        case("T=S=4, d_k=d_v=8", (4, 8), (4, 8), (4, 8)),
+        case("3 queries, 5 keys, d_k=4, d_v=6", (3, 4), (5, 4), (5, 6)),
+        case("T=S=d_v=4, d_k=6", (4, 6), (4, 6), (4, 4)),
+        case("batched, B=2, T=5, S=7, d_k=6, d_v=3", (2, 5, 6), (2, 7, 6), (2, 7, 3),
+             hint=BATCH_HINT),
+        case("batch and heads, (2, 3, 4, 8), S=6, d_v=5", (2, 3, 4, 8), (2, 3, 6, 8),
+             (2, 3, 6, 5), hint=BATCH_HINT),
+        case("one query, T=1, S=6", (1, 8), (6, 8), (6, 2)),
+        case("one key, S=1 (batched)", (2, 3, 4), (2, 1, 4), (2, 1, 5), hint=BATCH_HINT),
+        case("large scores", (4, 8), (5, 8), (5, 8), scale=30.0),
+    ]
+
+
+SDPA_WEIGHT_MISTAKES = _weight_misconceptions()
+SDPA_OUTPUT_MISTAKES = _output_misconceptions(
+    "Your weights are right but your output is wrong: to compute it, ")
+
+
+def check_scaled_dot_product_attention(scaled_dot_product_attention_fn: Callable) -> None:
+    """Check ``scaled_dot_product_attention(q, k, v)`` returns ``(out, weights)``.
+
+    Args:
+        scaled_dot_product_attention_fn: the learner's function taking q (..., T, d_k),
+            k (..., S, d_k) and v (..., S, d_v) and returning ``(out, weights)`` with out of
+            shape (..., T, d_v) and weights = softmax(q k^T / sqrt(d_k)) of shape (..., T, S).
+    """
+
+    def check_one(got, case: Case) -> None:
+        q, k, v = case.args
+        out, weights = scaled_dot_product_attention(q, k, v)
+        if isinstance(got, torch.Tensor):
+            which = ("the output" if _close(got, out, ATOL, RTOL) else
+                     "the weights" if _close(got, weights, ATOL, RTOL) else "one tensor")
+            raise CheckFailure(
+                f"Return a tuple (out, weights); your function returned only {which}, "
+                f"{describe(got)} (case '{case.name}')"
+            )
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailure(
+                f"Return a tuple (out, weights) of two tensors; your function returned "
+                f"{describe(got)} (case '{case.name}')"
+            )
+        got_out, got_weights = got
+        if isinstance(got_out, torch.Tensor) and isinstance(got_weights, torch.Tensor):
+            by_value = _close(got_out, weights, ATOL, RTOL) and _close(got_weights, out, ATOL,
+                                                                         RTOL)
+            by_shape = (got_out.shape == weights.shape and got_weights.shape == out.shape
+                        and out.shape != weights.shape)
+            if by_value or by_shape:
+                raise CheckFailure(
+                    "Your function returned (weights, out): swap them and return (out, weights), "
+                    f"the order course_lib and this exercise use (case '{case.name}')"
+                )
+        _overflow_nan(got_weights, case)
+        _batched_shape(got_weights, weights, q, "the weights")
+        compare_tensors(got_weights, weights, case, what="Your weights (the second item)",
+                        misconceptions=SDPA_WEIGHT_MISTAKES)
+        _batched_shape(got_out, out, q, "the output")
+        compare_tensors(got_out, out, case, what="Your output (the first item)",
+                        misconceptions=SDPA_OUTPUT_MISTAKES)
+
+    run_cases("scaled_dot_product_attention", scaled_dot_product_attention_fn,
+              _sdpa_cases(seed=23), check_one)
+
+
+# --------------------------------------------------------------------------- exercise 2.4
+# The learner's function answers a yes/no question, so each case knows the right answer and
+# a plausible wrong implementation is recognised by the pattern of its answers over all cases.
+
+
+def attention_layer(d: int, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A fixed single-head self-attention layer without positions, X (..., T, d) -> (..., T, d)."""
+    gen = torch.Generator().manual_seed(seed)
+    w_q, w_k, w_v = (rand(gen, d, d, scale=1.0 / math.sqrt(d)) for _ in range(3))
+
+    def self_attention(x: torch.Tensor) -> torch.Tensor:
+        return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)[0]
+
+    return self_attention
+
+
+def _with_positions(f: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``f`` applied after adding sinusoidal position vectors (so order matters)."""
+
+    def attention_with_positions(x: torch.Tensor) -> torch.Tensor:
+        return f(x + sinusoidal_encoding(x.shape[-2], x.shape[-1], dtype=x.dtype))
+
+    return attention_with_positions
+
+
+def _tokenwise_mlp(d: int, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    w1, w2 = rand(gen, d, 2 * d), rand(gen, 2 * d, d)
+
+    def tokenwise_mlp(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ w1) @ w2
+
+    return tokenwise_mlp
+
+
+def _running_sum(x: torch.Tensor) -> torch.Tensor:
+    return x.cumsum(dim=-2)
+
+
+def _minus_first_token(x: torch.Tensor) -> torch.Tensor:
+    return x - x[..., :1, :]
+
+
+@dataclass
+class _EquivarianceCase:
+    name: str
+    f: Callable[[torch.Tensor], torch.Tensor]
+    x: torch.Tensor
+    perm: torch.Tensor
+    expected: bool
+    why: str  # what f is and why the answer is what it is
+
+    def as_case(self) -> Case:
+        return Case(self.name, (self.f, self.x, self.perm), hint=(
+            "permute the token axis, which is the second-to-last one (dim -2): "
+            "X[..., perm, :] and f(X)[..., perm, :]. X may have batch dimensions in front"))
+
+
+def _cycle(n: int, shift: int = 1) -> torch.Tensor:
+    """A permutation that is not its own inverse (for n > 2)."""
+    return torch.roll(torch.arange(n), shift)
+
+
+def _equivariance_cases(seed: int) -> list[_EquivarianceCase]:
+    gen = torch.Generator().manual_seed(seed)
+    att8, att6, att16 = attention_layer(8, seed + 1), attention_layer(6, seed + 2), \
+        attention_layer(16, seed + 3)
+    swap_and_cycle = torch.tensor([2, 0, 1, 4, 3, 5])
+    return [
+        _EquivarianceCase(
+            "self-attention, T=6, d=8", att8, rand(gen, 6, 8), swap_and_cycle, True,
+            "f is self-attention without positions, which is permutation equivariant"),
+        _EquivarianceCase(
+            "self-attention after adding positions, T=6, d=8", _with_positions(att8),
+            rand(gen, 6, 8), swap_and_cycle, False,
+            "f adds a position vector to each token before attending, so reordering the "
+            "tokens changes the outputs"),
+        _EquivarianceCase(
+            "token-wise MLP, batched X (3, 5, 4)", _tokenwise_mlp(4, seed + 4),
+            rand(gen, 3, 5, 4), _cycle(5, 2), True,
+            "f transforms every token on its own (X has a batch dimension in front)"),
+        _EquivarianceCase(
+            "running sum over tokens, T=d=5", _running_sum, rand(gen, 5, 5), _cycle(5), False,
+            "f is a running sum over the tokens, which depends on their order"),
+        _EquivarianceCase(
+            "self-attention, T=d=6", att6, rand(gen, 6, 6), _cycle(6, 2), True,
+            "f is self-attention without positions"),
+        _EquivarianceCase(
+            "self-attention, T=40, d=16 (float rounding)", att16, rand(gen, 40, 16),
+            torch.randperm(40, generator=gen), True,
+            "f is self-attention without positions; the two sides differ only by float "
+            "rounding (about 1e-7)"),
+        _EquivarianceCase(
+            "self-attention, swap two tokens, T=4, d=6", att6, rand(gen, 4, 6),
+            torch.tensor([0, 3, 2, 1]), True,
+            "f is self-attention without positions"),
+        _EquivarianceCase(
+            "running sum, identity permutation", _running_sum, rand(gen, 4, 3),
+            torch.arange(4), True,
+            "perm is the identity: every function passes this test"),
+        _EquivarianceCase(
+            "subtract the first token, batched X (2, 6, 3)", _minus_first_token,
+            rand(gen, 2, 6, 3), _cycle(6), False,
+            "f subtracts the first token from every token, so it treats position 0 specially"),
+        _EquivarianceCase(
+            "self-attention after adding positions, batched X (2, 5, 8)", _with_positions(att8),
+            rand(gen, 2, 5, 8), _cycle(5, 3), False,
+            "f adds position vectors before attending"),
+    ]
+
+
+def _permute(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    return x[..., perm, :]
+
+
+EQUIVARIANCE_MISTAKES = [
+    Misconception(
+        lambda f, x, perm: torch.allclose(f(_permute(x, perm)), f(x), atol=1e-5),
+        "You compared f(X[perm]) with f(X) itself. Equivariance means the outputs move with "
+        "the inputs: compare f(X[perm]) with f(X)[perm], the rows of f(X) reordered the same "
+        "way",
+    ),
+    Misconception(
+        lambda f, x, perm: torch.equal(f(_permute(x, perm)), _permute(f(x), perm)),
+        "You tested exact equality (== or torch.equal). Reordering changes the order of the "
+        "additions inside f, so the two sides differ by float rounding (about 1e-7): compare "
+        "with torch.allclose(a, b, atol=1e-5)",
+    ),
+    Misconception(
+        lambda f, x, perm: torch.allclose(f(_permute(x, perm)), _permute(f(x), perm)),
+        "torch.allclose's default tolerance (atol=1e-8) is too strict for float32 numbers "
+        "close to 0, which carry rounding errors of about 1e-7: pass atol=1e-5",
+    ),
+    Misconception(
+        lambda f, x, perm: torch.allclose(f(_permute(x, perm)),
+                                          _permute(f(x), torch.argsort(perm)), atol=1e-5),
+        "You reordered f(X) with the inverse permutation. Apply the same perm to both: "
+        "f(X[perm]) against f(X)[perm]",
+    ),
+    Misconception(
+        lambda f, x, perm: torch.allclose(f(x[..., perm]), f(x)[..., perm], atol=1e-5),
+        "You permuted the last axis (the features). The tokens are along the second-to-last "
+        "axis: use X[..., perm, :] and f(X)[..., perm, :]",
+    ),
+    Misconception(
+        lambda f, x, perm: torch.allclose(f(x[perm]), f(x)[perm], atol=1e-5),
+        "You permuted the first axis, which is the batch when X is batched. The tokens are "
+        "along the second-to-last axis: use X[..., perm, :] and f(X)[..., perm, :]",
+    ),
+]
+
+
+def _as_bool(value: Any, case: Case) -> bool:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype == torch.bool:
+        return bool(value)
+    if type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    hint = ""
+    if isinstance(value, torch.Tensor) and value.dtype == torch.bool:
+        hint = " You returned one answer per element: reduce it with .all(), or use torch.allclose."
+    raise CheckFailure(
+        f"is_permutation_equivariant should return True or False, got {describe(value)} "
+        f"(case '{case.name}').{hint}"
+    )
+
+
+def _answers(fn: Callable, cases: Sequence[_EquivarianceCase]) -> list[bool | None]:
+    """A reference implementation's answers; None where it raises (it does not apply)."""
+    answers: list[bool | None] = []
+    for c in cases:
+        try:
+            answers.append(bool(fn(c.f, c.x.clone(), c.perm.clone())))
+        except Exception:
+            answers.append(None)
+    return answers
+
+
+def check_is_permutation_equivariant(is_permutation_equivariant: Callable) -> None:
+    """Check ``is_permutation_equivariant(f, X, perm)`` = whether f(X[perm]) ~ f(X)[perm].
+
+    Args:
+        is_permutation_equivariant: the learner's function taking f (a function from
+            (..., T, d) to (..., T, d_out)), X (..., T, d) and perm (T,), a permutation of
+            range(T), and returning a bool: True if f(X[..., perm, :]) equals
+            f(X)[..., perm, :] up to float rounding.
+    """
+    cases = _equivariance_cases(seed=24)
+    got = []
+    for c in cases:
+        got.append(_as_bool(call_learner(is_permutation_equivariant, c.as_case()), c.as_case()))
+    expected = [c.expected for c in cases]
+    if got != expected:
+        first = next(i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e)
+        case = cases[first]
+        for m in EQUIVARIANCE_MISTAKES:
+            answers = _answers(m.wrong, cases)
+            if all(a is None or a == g for a, g in zip(answers, got, strict=True)) and (
+                answers[first] == got[first]
+            ):
+                raise CheckFailure(f"{m.message} (seen on the case '{case.name}')")
+        raise CheckFailure(
+            f"On the case '{case.name}' your function returned {got[first]}, but the answer is "
+            f"{case.expected}: {case.why}. Compare f(X[..., perm, :]) with f(X)[..., perm, :] "
+            "using torch.allclose(a, b, atol=1e-5)"
+        )
+    labels = "; ".join(c.name for c in cases)
+    print(f"\u2705 is_permutation_equivariant is correct on all {len(cases)} test cases "
+          f"({labels})")

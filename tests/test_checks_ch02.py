@@ -1,0 +1,384 @@
+"""The chapter 02 checks: each must reject plausible wrong answers with a message naming the
+mistake, accept every correct formulation, and let an unsolved stub fail as itself."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import attention
+from course_lib.checks import CheckFailure
+from course_lib.checks.ch02 import (
+    attention_layer,
+    check_attention_weights,
+    check_is_permutation_equivariant,
+    check_scaled_dot_product_attention,
+    check_self_attention,
+)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 2.x: write the body")
+
+
+# --------------------------------------------------------------------------- 2.1 attention_weights
+
+
+def weights_matmul(q, k):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+
+
+def weights_einsum(q, k):
+    scores = torch.einsum("...td,...sd->...ts", q, k) / q.shape[-1] ** 0.5
+    return attention.softmax(scores)
+
+
+def weights_loop(q, k):
+    """One query and one key at a time (batch dimensions flattened)."""
+    d = q.shape[-1]
+    qs, ks = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:])
+    rows = []
+    for b in range(qs.shape[0]):
+        for t in range(qs.shape[1]):
+            scores = torch.stack([qs[b, t] @ ks[b, s] / math.sqrt(d) for s in range(ks.shape[1])])
+            rows.append(torch.softmax(scores, dim=0))
+    return torch.stack(rows).reshape(*q.shape[:-1], k.shape[-2])
+
+
+@pytest.mark.parametrize("fn", [weights_matmul, weights_einsum, weights_loop])
+def test_attention_weights_accepts_correct_answers(fn, capsys):
+    check_attention_weights(fn)
+    assert "attention_weights is correct" in capsys.readouterr().out
+
+
+WRONG_WEIGHTS = {
+    "softmax over the queries": (
+        lambda q, k: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2),
+        "columns"),
+    "no scaling": (lambda q, k: torch.softmax(q @ k.transpose(-2, -1), dim=-1), "sqrt"),
+    "divided by d": (lambda q, k: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1], dim=-1),
+                     "divided the scores by d"),
+    "k q^T": (lambda q, k: torch.softmax(k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]),
+                                         dim=-1), "transposed"),
+    "exp only": (lambda q, k: torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])),
+                 "row's sum"),
+    "scores only": (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]),
+                    "scaled scores themselves"),
+    "k.T on a batch": (lambda q, k: torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1),
+                       r"k\.transpose\(-2, -1\)"),
+    "naive softmax overflows": (
+        lambda q, k: (lambda e: e / e.sum(-1, keepdim=True))(
+            torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))),
+        "overflows"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")
+@pytest.mark.parametrize("name", list(WRONG_WEIGHTS))
+def test_attention_weights_rejects_misconceptions(name):
+    fn, message = WRONG_WEIGHTS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_attention_weights(fn)
+
+
+def test_attention_weights_rejects_changing_the_input_in_place():
+    def in_place(q, k):
+        q /= math.sqrt(q.shape[-1])
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+
+    with pytest.raises(CheckFailure, match="in place"):
+        check_attention_weights(in_place)
+
+
+def test_attention_weights_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_attention_weights(_stub)
+
+
+# --------------------------------------------------------------------------- 2.2 self_attention
+
+
+def self_attention_matmul(X, W_q, W_k, W_v):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    A = torch.softmax(Q @ K.T / math.sqrt(K.shape[-1]), dim=-1)
+    return A @ V
+
+
+def self_attention_loop(X, W_q, W_k, W_v):
+    """Eqs 7-8 of the notes, one query at a time."""
+    d_k = W_k.shape[1]
+    keys = [x @ W_k for x in X]
+    values = [x @ W_v for x in X]
+    outputs = []
+    for x in X:
+        q = x @ W_q
+        scores = torch.stack([q @ k for k in keys]) / math.sqrt(d_k)
+        weights = torch.softmax(scores, dim=0)
+        outputs.append(sum(w * v for w, v in zip(weights, values, strict=True)))
+    return torch.stack(outputs)
+
+
+def self_attention_einsum(X, W_q, W_k, W_v):
+    Q = torch.einsum("ti,ik->tk", X, W_q)
+    K = torch.einsum("ti,ik->tk", X, W_k)
+    V = torch.einsum("ti,iv->tv", X, W_v)
+    A = attention.softmax(torch.einsum("tk,sk->ts", Q, K) / W_q.shape[1] ** 0.5)
+    return torch.einsum("ts,sv->tv", A, V)
+
+
+def self_attention_library(X, W_q, W_k, W_v):
+    out, _ = attention.scaled_dot_product_attention(X @ W_q, X @ W_k, X @ W_v)
+    return out
+
+
+@pytest.mark.parametrize("fn", [self_attention_matmul, self_attention_loop,
+                                self_attention_einsum, self_attention_library])
+def test_self_attention_accepts_correct_answers(fn, capsys):
+    check_self_attention(fn)
+    assert "self_attention is correct" in capsys.readouterr().out
+
+
+def _sa(X, W_q, W_k, W_v, *, scale=None, dim=-1):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    scale = 1 / math.sqrt(K.shape[-1]) if scale is None else scale
+    return torch.softmax(Q @ K.T * scale, dim=dim), V
+
+
+WRONG_SELF_ATTENTION = {
+    "returns the weights": (lambda X, W_q, W_k, W_v: _sa(X, W_q, W_k, W_v)[0],
+                            "returned the attention weights"),
+    "returns (out, weights)": (
+        lambda X, W_q, W_k, W_v: (lambda A, V: (A @ V, A))(*_sa(X, W_q, W_k, W_v)),
+        "not a tuple"),
+    "X @ W.T": (lambda X, W_q, W_k, W_v: self_attention_matmul(X, W_q.T, W_k.T, W_v.T),
+                "transposed weights"),
+    "nn.functional.linear": (
+        lambda X, W_q, W_k, W_v: self_attention_library_linear(X, W_q, W_k, W_v),
+        "transposed weights"),
+    "X as the values": (lambda X, W_q, W_k, W_v: _sa(X, W_q, W_k, W_v)[0] @ X,
+                        "averaged the inputs X"),
+    "no scaling": (lambda X, W_q, W_k, W_v: (lambda A, V: A @ V)(*_sa(X, W_q, W_k, W_v,
+                                                                       scale=1.0)),
+                   "without scaling"),
+    "scaled by sqrt(d_in)": (
+        lambda X, W_q, W_k, W_v: (lambda A, V: A @ V)(*_sa(X, W_q, W_k, W_v,
+                                                           scale=X.shape[-1] ** -0.5)),
+        r"sqrt\(d_in\)"),
+    "softmax over the queries": (
+        lambda X, W_q, W_k, W_v: (lambda A, V: A @ V)(*_sa(X, W_q, W_k, W_v, dim=0)),
+        "columns"),
+    "K Q^T": (lambda X, W_q, W_k, W_v: self_attention_matmul(X, W_k, W_q, W_v),
+              "transposed"),
+    "naive softmax overflows": (
+        lambda X, W_q, W_k, W_v: (lambda e, V: e / e.sum(-1, keepdim=True) @ V)(
+            torch.exp((X @ W_q) @ (X @ W_k).T / math.sqrt(W_k.shape[1])), X @ W_v),
+        "NaN or inf"),
+}
+
+
+def self_attention_library_linear(X, W_q, W_k, W_v):
+    out, _ = attention.scaled_dot_product_attention(F.linear(X, W_q), F.linear(X, W_k),
+                                                    F.linear(X, W_v))
+    return out
+
+
+@pytest.mark.parametrize("name", list(WRONG_SELF_ATTENTION))
+def test_self_attention_rejects_misconceptions(name):
+    fn, message = WRONG_SELF_ATTENTION[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_self_attention(fn)
+
+
+def test_self_attention_transposed_weights_get_the_convention_hint_on_non_square_weights(
+        monkeypatch):
+    """On non-square weights alone, X @ W.T crashes; the message states the convention."""
+    from course_lib.checks import ch02
+
+    non_square = ch02._self_attention_cases(seed=22)[1:]
+    monkeypatch.setattr(ch02, "_self_attention_cases", lambda seed: non_square)
+    with pytest.raises(CheckFailure, match=r"Q = X @ W_q.*without transposing"):
+        check_self_attention(WRONG_SELF_ATTENTION["X @ W.T"][0])
+
+
+def test_self_attention_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_self_attention(_stub)
+
+
+# ----------------------------------------------------------- 2.3 scaled_dot_product_attention
+
+
+def sdpa_matmul(q, k, v):
+    weights = torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v, weights
+
+
+def sdpa_einsum(q, k, v):
+    scores = torch.einsum("...td,...sd->...ts", q, k) / q.shape[-1] ** 0.5
+    weights = attention.softmax(scores)
+    return torch.einsum("...ts,...sv->...tv", weights, v), weights
+
+
+def sdpa_library(q, k, v):
+    return attention.scaled_dot_product_attention(q, k, v)
+
+
+def sdpa_loop(q, k, v):
+    """Flatten the batch dimensions and attend one matrix at a time."""
+    qs, ks, vs = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))
+    outs, weights = [], []
+    for qb, kb, vb in zip(qs, ks, vs, strict=True):
+        w = torch.softmax(qb @ kb.T / math.sqrt(qb.shape[-1]), dim=-1)
+        outs.append(w @ vb)
+        weights.append(w)
+    return (torch.stack(outs).reshape(*q.shape[:-1], v.shape[-1]),
+            torch.stack(weights).reshape(*q.shape[:-1], k.shape[-2]))
+
+
+@pytest.mark.parametrize("fn", [sdpa_matmul, sdpa_einsum, sdpa_library, sdpa_loop])
+def test_sdpa_accepts_correct_answers(fn, capsys):
+    check_scaled_dot_product_attention(fn)
+    assert "scaled_dot_product_attention is correct" in capsys.readouterr().out
+
+
+def _weights_then(fn_weights):
+    def sdpa(q, k, v):
+        w = fn_weights(q, k, v)
+        return w @ v, w
+    return sdpa
+
+
+WRONG_SDPA = {
+    "k.T on a batch": (
+        lambda q, k, v: (lambda w: (w @ v, w))(
+            torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)),
+        r"k\.transpose\(-2, -1\)"),
+    "returns (weights, out)": (lambda q, k, v: sdpa_matmul(q, k, v)[::-1], "swap"),
+    "returns only out": (lambda q, k, v: sdpa_matmul(q, k, v)[0], r"tuple \(out, weights\)"),
+    "scaled by sqrt(d_v)": (
+        _weights_then(lambda q, k, v: torch.softmax(q @ k.mT / math.sqrt(v.shape[-1]), dim=-1)),
+        r"sqrt\(d_v\)"),
+    "not normalised": (_weights_then(lambda q, k, v: torch.exp(q @ k.mT / math.sqrt(q.shape[-1]))),
+                       "not normalised"),
+    "softmax over the queries": (
+        _weights_then(lambda q, k, v: torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]), dim=-2)),
+        "columns"),
+    "no scaling": (_weights_then(lambda q, k, v: torch.softmax(q @ k.mT, dim=-1)),
+                   "without scaling"),
+    "divided by d_k": (_weights_then(lambda q, k, v: torch.softmax(q @ k.mT / q.shape[-1], dim=-1)),
+                       "divided the scores by d_k"),
+    "correct weights, output from unscaled weights": (
+        lambda q, k, v: (torch.softmax(q @ k.mT, dim=-1) @ v,
+                         torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]), dim=-1)),
+        "weights are right but your output is wrong.*without scaling"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")
+@pytest.mark.parametrize("name", list(WRONG_SDPA))
+def test_sdpa_rejects_misconceptions(name):
+    fn, message = WRONG_SDPA[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_scaled_dot_product_attention(fn)
+
+
+def test_sdpa_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_scaled_dot_product_attention(_stub)
+
+
+# ------------------------------------------------------------- 2.4 is_permutation_equivariant
+
+
+def equivariant_allclose(f, X, perm):
+    return torch.allclose(f(X[..., perm, :]), f(X)[..., perm, :], atol=1e-5)
+
+
+def equivariant_index_select(f, X, perm):
+    left = f(torch.index_select(X, -2, perm))
+    right = torch.index_select(f(X), -2, perm)
+    return bool((left - right).abs().max() < 1e-4)
+
+
+def equivariant_assert_close(f, X, perm):
+    try:
+        torch.testing.assert_close(f(X[..., perm, :]), f(X)[..., perm, :])
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("fn", [equivariant_allclose, equivariant_index_select,
+                                equivariant_assert_close])
+def test_equivariance_accepts_correct_answers(fn, capsys):
+    check_is_permutation_equivariant(fn)
+    assert "is_permutation_equivariant is correct" in capsys.readouterr().out
+
+
+WRONG_EQUIVARIANCE = {
+    "no permutation of f(X)": (
+        lambda f, X, perm: torch.allclose(f(X[..., perm, :]), f(X), atol=1e-5),
+        r"compare f\(X\[perm\]\) with f\(X\)\[perm\]"),
+    "exact equality": (lambda f, X, perm: torch.equal(f(X[..., perm, :]), f(X)[..., perm, :]),
+                       "float rounding"),
+    "== then all": (lambda f, X, perm: bool((f(X[..., perm, :]) == f(X)[..., perm, :]).all()),
+                    "float rounding"),
+    "allclose with its default atol": (
+        lambda f, X, perm: torch.allclose(f(X[..., perm, :]), f(X)[..., perm, :]),
+        r"atol=1e-8\) is too strict"),
+    "inverse permutation": (
+        lambda f, X, perm: torch.allclose(f(X[..., perm, :]),
+                                          f(X)[..., torch.argsort(perm), :], atol=1e-5),
+        "inverse permutation"),
+    "permutes the features": (
+        lambda f, X, perm: torch.allclose(f(X[..., perm]), f(X)[..., perm], atol=1e-5),
+        r"dim -2"),
+    "permutes the first axis": (lambda f, X, perm: torch.allclose(f(X[perm]), f(X)[perm],
+                                                                  atol=1e-5),
+                                r"dim -2"),
+    "always True": (lambda f, X, perm: True, "adds a position vector"),
+    "element-wise answer": (lambda f, X, perm: torch.isclose(f(X[..., perm, :]),
+                                                             f(X)[..., perm, :]),
+                            r"True or False.*\.all\(\)"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_EQUIVARIANCE))
+def test_equivariance_rejects_misconceptions(name):
+    fn, message = WRONG_EQUIVARIANCE[name]
+    if name == "allclose with its default atol":
+        case = _rounding_case()
+        if torch.allclose(case.f(case.x[case.perm]), case.f(case.x)[case.perm]):
+            pytest.skip("on this machine the rounding errors happen to fit atol=1e-8")
+    with pytest.raises(CheckFailure, match=message):
+        check_is_permutation_equivariant(fn)
+
+
+def test_equivariance_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_is_permutation_equivariant(_stub)
+
+
+def _rounding_case():
+    from course_lib.checks.ch02 import _equivariance_cases
+
+    return next(c for c in _equivariance_cases(seed=24) if "rounding" in c.name)
+
+
+def test_rounding_case_really_differs_bit_for_bit():
+    """The exact-equality mistake is only caught if some case differs by rounding alone."""
+    case = _rounding_case()
+    left, right = case.f(case.x[case.perm]), case.f(case.x)[case.perm]
+    assert not torch.equal(left, right)
+    torch.testing.assert_close(left, right, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_layer_is_equivariant_and_batched():
+    f = attention_layer(8, seed=0)
+    x = torch.randn(3, 5, 8)
+    perm = torch.tensor([4, 2, 0, 1, 3])
+    assert f(x).shape == (3, 5, 8)
+    torch.testing.assert_close(f(x[:, perm]), f(x)[:, perm], atol=1e-5, rtol=1e-5)
