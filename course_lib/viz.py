@@ -105,7 +105,10 @@ def plot_attention(
     if annotate is None:
         annotate = n_rows <= 12 and n_cols <= 12
     if annotate:
-        threshold = float(finite.max()) * 0.6 if finite.numel() else 0.0
+        # white text on the darker cells: 60% of the way up the colour scale actually used
+        top = vmax if vmax is not None else (float(finite.max()) if finite.numel() else 0.0)
+        bottom = vmin if vmin is not None else (float(finite.min()) if finite.numel() else 0.0)
+        threshold = bottom + 0.6 * (top - bottom)
         for t in range(n_rows):
             for s in range(n_cols):
                 value = float(matrix[t, s])

@@ -23,6 +23,8 @@ def test_plot_attention_labels_and_values():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
     assert len(ax.texts) == 12  # every value annotated on a small matrix
     assert ax.get_title() == "demo"
+    ax = plot_attention(torch.full((2, 2), 0.25), vmax=1.0)  # pale cells keep dark text
+    assert {t.get_color() for t in ax.texts} == {"black"}
     masked = weights.masked_fill(torch.tensor([[False, True, True, True]] * 3), float("-inf"))
     ax = plot_attention(masked, vmin=None)
     assert "-inf" in [t.get_text() for t in ax.texts]

@@ -71,7 +71,8 @@ def describe(value: Any) -> str:
         return f"a tuple of {len(value)} items"
     if value is None:
         return "None (did you forget to return the result?)"
-    return f"a {type(value).__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _snapshot(values: Iterable[Any]) -> list[Any]:
