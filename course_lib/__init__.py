@@ -43,7 +43,7 @@ from .positions import (
     apply_rope,
     sinusoidal_encoding,
 )
-from .rnn import ElmanRNN, elman_forward
+from .rnn import ElmanRNN, elman_forward, elman_step, gradient_norms, sequential_depth
 
 __version__ = "0.1.0"
 
@@ -72,12 +72,15 @@ __all__ = [
     "causal_mask",
     "count_parameters",
     "elman_forward",
+    "elman_step",
     "get_device",
+    "gradient_norms",
     "layer_norm",
     "padding_mask",
     "parameter_breakdown",
     "scaled_dot_product_attention",
     "seed_everything",
+    "sequential_depth",
     "sinusoidal_encoding",
     "softmax",
 ]

@@ -1,6 +1,11 @@
-"""The Elman RNN, h_t = sigma(W h_{t-1} + U x_t + b), used to show the limits of recurrence.
+"""The Elman RNN, h_t = sigma(W h_{t-1} + U x_t + b), used to show the limits of recurrence,
+and two measurements of those limits: how many operations must run one after another
+(:func:`sequential_depth`) and how strongly each input still reaches the last output
+(:func:`gradient_norms`).
 
 Shape legend: B batch, T sequence length, Din input size, H hidden size.
+
+Convention: vectors are rows, so W h_{t-1} for a batch of states is ``h_prev @ W.T``.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ._validate import require_ndim, require_size
+from ._validate import require_floating, require_ndim, require_size, shape_of
 
 _NONLINEARITIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "tanh": torch.tanh,
@@ -26,6 +31,52 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
             f"nonlinearity must be one of {sorted(_NONLINEARITIES)}, got {name!r}"
         )
     return _NONLINEARITIES[name]
+
+
+def elman_step(
+    x_t: torch.Tensor,
+    h_prev: torch.Tensor,
+    W: torch.Tensor,
+    U: torch.Tensor,
+    b: torch.Tensor | None = None,
+    *,
+    nonlinearity: str = "tanh",
+) -> torch.Tensor:
+    """One step of an Elman RNN, h_t = sigma(W h_{t-1} + U x_t + b) (eq. 4 of the notes).
+
+    Args:
+        x_t: the input at step t, shape (B, Din) or (Din,).
+        h_prev: the previous hidden state h_{t-1}, shape (B, H) or (H,).
+        W: hidden-to-hidden weights, shape (H, H).
+        U: input-to-hidden weights, shape (H, Din).
+        b: bias, shape (H,), or None.
+        nonlinearity: ``"tanh"`` (default), ``"sigmoid"`` or ``"relu"``.
+
+    Returns:
+        h_t, shape (B, H), or (H,) when both x_t and h_prev are unbatched.
+    """
+    sigma = _activation(nonlinearity)
+    require_ndim("x_t", x_t, (1, 2), "(B, Din) or (Din,)")
+    require_ndim("h_prev", h_prev, (1, 2), "(B, H) or (H,)")
+    require_ndim("W", W, (2,), "(H, H)")
+    require_ndim("U", U, (2,), "(H, Din)")
+    hidden = W.shape[0]
+    require_size("W", W, 1, hidden, "W must be square: its number of rows H")
+    require_size("U", U, 0, hidden, "the hidden size H (rows of W)")
+    require_size("x_t", x_t, -1, U.shape[1], "the input size Din (columns of U)")
+    require_size("h_prev", h_prev, -1, hidden, "the hidden size H (rows of W)")
+    if x_t.dim() == 2 and h_prev.dim() == 2 and x_t.shape[0] != h_prev.shape[0]:
+        raise ValueError(
+            f"x_t has batch size {x_t.shape[0]} (shape {shape_of(x_t)}) but h_prev has batch "
+            f"size {h_prev.shape[0]} (shape {shape_of(h_prev)})"
+        )
+    if b is not None:
+        require_ndim("b", b, (1,), "(H,)")
+        require_size("b", b, 0, hidden, "the hidden size H")
+    pre = h_prev @ W.T + x_t @ U.T  # (B, H): row i is W h_i + U x_i
+    if b is not None:
+        pre = pre + b
+    return sigma(pre)
 
 
 def elman_forward(
@@ -122,3 +173,84 @@ class ElmanRNN(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, nonlinearity={self.nonlinearity!r}"
+
+
+def sequential_depth(output: torch.Tensor) -> int:
+    """The number of operations on the longest chain of the autograd graph behind ``output``.
+
+    Operations on that chain each need the previous one's result, so they must run one after
+    another however many processors there are: it counts the serial steps of a computation.
+    An Elman RNN over T steps adds a few operations per step (so the depth grows like T); a
+    self-attention layer has the same depth for every T.
+
+    Args:
+        output: a tensor computed, with gradients enabled, from tensors that require grad
+            (e.g. a module's parameters).
+
+    Returns:
+        The number of operations (autograd nodes other than the leaves) on the longest path.
+    """
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"output must be a torch.Tensor, got {type(output).__name__}")
+    if output.grad_fn is None:
+        raise ValueError(
+            "output has no autograd graph (output.grad_fn is None): compute it with gradients "
+            "enabled (not under torch.no_grad()) from tensors that require grad"
+        )
+    depth: dict = {}
+    stack = [(output.grad_fn, False)]
+    # Iterative post-order walk: an RNN's graph is thousands of nodes deep, too deep to recurse.
+    while stack:
+        node, children_done = stack.pop()
+        if node in depth:
+            continue
+        children = [n for n, _ in node.next_functions if n is not None]
+        if children_done:
+            is_leaf = type(node).__name__ == "AccumulateGrad"
+            depth[node] = 0 if is_leaf else 1 + max((depth[c] for c in children), default=0)
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if c not in depth)
+    return depth[output.grad_fn]
+
+
+def gradient_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """How strongly each input position reaches the output at the last position.
+
+    Entry t is the L2 norm of the gradient of ``fn(x)[..., -1, :].sum()`` (the sum of the
+    last output vector, h_T for an RNN) with respect to the input vector x_t. For an Elman
+    RNN it shrinks (or grows) geometrically with the distance T - t; for self-attention it
+    does not depend on the distance.
+
+    Args:
+        fn: maps inputs (T, Din) or (B, T, Din) to outputs (T, H) or (B, T, H), e.g.
+            ``lambda x: rnn(x)[0]``. With a batch, the examples must not interact (true of
+            RNNs and attention layers), so each example gets its own gradient.
+        x: the inputs, shape (T, Din) or (B, T, Din). Not modified.
+
+    Returns:
+        Norms of shape (T,) (or (B, T)), detached. Nothing is accumulated in the ``.grad``
+        of x or of any parameter.
+    """
+    require_ndim("x", x, (2, 3), "(T, Din) or (B, T, Din)")
+    require_floating("x", x)
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of x, got {type(fn).__name__}")
+    leaf = x.detach().clone().requires_grad_(True)  # (B, T, Din) or (T, Din)
+    with torch.enable_grad():
+        out = fn(leaf)
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(
+                f"fn must return a tensor of outputs (T, H) or (B, T, H), got "
+                f"{type(out).__name__}; for a module returning a tuple use "
+                "lambda x: module(x)[0]"
+            )
+        if out.dim() != x.dim() or out.shape[:-1] != x.shape[:-1]:
+            raise ValueError(
+                f"fn(x) has shape {shape_of(out)}, but for x of shape {shape_of(x)} it should "
+                f"have shape {tuple(x.shape[:-1]) + ('H',)}: one output vector per position"
+            )
+        if not out.requires_grad:
+            raise ValueError("fn(x) does not depend on x through differentiable operations")
+        (grad,) = torch.autograd.grad(out[..., -1, :].sum(), leaf)  # (B, T, Din)
+    return grad.norm(dim=-1)  # (B, T) or (T,)

@@ -164,7 +164,10 @@ def compare_tensors(
             f"returned {describe(got)} (case '{case.name}').{hint}"
         )
     for m in misconceptions:
-        wrong = m.wrong(*case.args, **case.kwargs)
+        try:
+            wrong = m.wrong(*case.args, **case.kwargs)
+        except Exception:  # this mistake cannot even be computed for this case: not it
+            continue
         if isinstance(wrong, torch.Tensor) and _close(got, wrong, atol, rtol) and not _close(
             wrong, expected, atol, rtol
         ):

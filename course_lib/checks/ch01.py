@@ -1,0 +1,472 @@
+"""Checks for chapter 01, the limits of RNNs.
+
+Conventions the exercises state: vectors are rows, so W h_{t-1} for a batch of states is
+``h_prev @ W.T``; W (H, H) multiplies the previous state and U (H, Din) the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..attention import MultiHeadAttention
+from ..rnn import ElmanRNN, elman_forward, elman_step, gradient_norms
+from ._core import (
+    Case,
+    CheckFailure,
+    Misconception,
+    call_learner,
+    compare_tensors,
+    rand,
+    run_cases,
+)
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1.1: elman_step
+
+STEP_HINT = (
+    "W has shape (H, H) and multiplies the previous state h_prev; U has shape (H, Din) and "
+    "multiplies the input x_t. With a batch, every row is one example, so W h becomes "
+    "h_prev @ W.T and U x becomes x_t @ U.T (this also works for unbatched vectors)"
+)
+
+
+def _step_case(name: str, gen: torch.Generator, batch: int | None, d_in: int, hidden: int,
+               scale: float = 1.0, zero_state: bool = False) -> Case:
+    lead = () if batch is None else (batch,)
+    x_t = rand(gen, *lead, d_in, scale=scale)
+    h_prev = torch.zeros(*lead, hidden) if zero_state else torch.tanh(rand(gen, *lead, hidden))
+    W = rand(gen, hidden, hidden, scale=scale / hidden**0.5)  # not symmetric
+    U = rand(gen, hidden, d_in, scale=scale / d_in**0.5)
+    b = rand(gen, hidden, scale=0.5 * scale)
+    return Case(name, (x_t, h_prev, W, U, b), hint=STEP_HINT)
+
+
+def _step_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        _step_case("one example, Din=3, H=5", gen, None, 3, 5),
+        _step_case("batch of 4, Din=3, H=5", gen, 4, 3, 5),
+        _step_case("Din = H = 4, batch of 2", gen, 2, 4, 4),
+        _step_case("B = Din = H = 4", gen, 4, 4, 4),
+        _step_case("one example, Din = H = 6", gen, None, 6, 6),
+        _step_case("batch of 1, h_prev = 0", gen, 1, 2, 3, zero_state=True),
+        _step_case("large inputs (tanh saturates)", gen, 3, 5, 4, scale=6.0),
+    ]
+
+
+STEP_MISTAKES = [
+    Misconception(
+        lambda x, h, W, U, b: h @ W.T + x @ U.T + b,
+        "Your h_t equals W h_prev + U x_t + b without the nonlinearity: apply torch.tanh to "
+        "the sum (values of h_t must stay between -1 and 1)",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.sigmoid(h @ W.T + x @ U.T + b),
+        "You used a sigmoid; this RNN uses tanh, so h_t = torch.tanh(...)",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.relu(h @ W.T + x @ U.T + b),
+        "You used a ReLU; this RNN uses tanh, so h_t = torch.tanh(...)",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.tanh(h @ W.T + x @ U.T),
+        "Your h_t is missing the bias: add b inside the tanh",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.tanh(x @ W.T + h @ U.T + b),
+        "W and U look swapped: W (H, H) multiplies the previous state h_prev and U (H, Din) "
+        "multiplies the input x_t. (When Din = H the shapes cannot tell them apart, but the "
+        "values can)",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.tanh(h @ W + x @ U + b),
+        "You multiplied by W and U without transposing them: with vectors as rows, W h is "
+        "h_prev @ W.T and U x is x_t @ U.T",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.tanh(h @ W + x @ U.T + b),
+        "You multiplied h_prev @ W, which is W^T h: with vectors as rows, W h is h_prev @ W.T",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.tanh(h @ W.T + x @ U + b),
+        "You multiplied x_t @ U, which is U^T x: with vectors as rows, U x is x_t @ U.T",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.tanh(W @ h + U @ x + b) if h.dim() == 2 else None,
+        "With a batch, W @ h_prev multiplies W by the matrix of all states and mixes the "
+        "examples of the batch. Each row of h_prev is one example's state: use h_prev @ W.T "
+        "(and x_t @ U.T)",
+    ),
+    Misconception(
+        lambda x, h, W, U, b: torch.tanh(h @ W.T) + x @ U.T + b,
+        "You applied tanh to the recurrent term only: the whole sum W h_prev + U x_t + b goes "
+        "through the tanh",
+    ),
+]
+
+
+def check_elman_step(elman_step_fn: Callable) -> None:
+    """Check ``elman_step(x_t, h_prev, W, U, b)`` = tanh(W h_prev + U x_t + b).
+
+    Args:
+        elman_step_fn: the learner's function; x_t (B, Din) or (Din,), h_prev (B, H) or
+            (H,), W (H, H), U (H, Din), b (H,); returns h_t (B, H) or (H,).
+    """
+
+    def check_one(got, case: Case) -> None:
+        expected = elman_step(*case.args)
+        compare_tensors(got, expected, case, what="Your h_t", misconceptions=STEP_MISTAKES)
+
+    run_cases("elman_step", elman_step_fn, _step_cases(seed=101), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1.2: elman_forward
+
+FORWARD_HINT = (
+    "loop over time: x[..., t, :] is the input at step t for both (T, Din) and (B, T, Din); "
+    "keep the current state in a variable, update it with one step, and collect every new "
+    "state. " + STEP_HINT
+)
+
+
+def _forward_case(name: str, gen: torch.Generator, batch: int | None, steps: int, d_in: int,
+                  hidden: int, zero_state: bool = False) -> Case:
+    lead = () if batch is None else (batch,)
+    x = rand(gen, *lead, steps, d_in)
+    h0 = torch.zeros(*lead, hidden) if zero_state else torch.tanh(rand(gen, *lead, hidden))
+    W = rand(gen, hidden, hidden, scale=1.2 / hidden**0.5)
+    U = rand(gen, hidden, d_in, scale=1.0 / d_in**0.5)
+    b = rand(gen, hidden, scale=0.5)
+    return Case(name, (x, h0, W, U, b), hint=FORWARD_HINT)
+
+
+def _forward_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        _forward_case("one sequence, T=5, Din=3, H=4", gen, None, 5, 3, 4),
+        _forward_case("batch of 2, T=6, Din=3, H=4", gen, 2, 6, 3, 4),
+        _forward_case("Din = H = 4, T=5", gen, None, 5, 4, 4),
+        _forward_case("batch of 3, Din = H = 5, T=7", gen, 3, 7, 5, 5),
+        _forward_case("a single step, T=1", gen, None, 1, 3, 4),
+        _forward_case("batch of 2, T=4, h0 = 0", gen, 2, 4, 2, 3, zero_state=True),
+    ]
+
+
+def _loop(x, h0, step: Callable, *, carry: bool = True, backwards: bool = False,
+          store_before: bool = False) -> torch.Tensor:
+    """An RNN loop with a configurable step and a few ways of getting the loop wrong."""
+    h = h0
+    steps = range(x.shape[-2])
+    states = []
+    for t in reversed(steps) if backwards else steps:
+        new = step(x[..., t, :], h if carry else h0)
+        states.append(h if store_before else new)
+        h = new
+    return torch.stack(states, dim=-2)  # (B, T, H) or (T, H)
+
+
+def _tanh_step(W, U, b, *, act=torch.tanh, swap=False, bias=True, transpose=True):
+    def step(x_t, h):
+        A, B = (U, W) if swap else (W, U)
+        if transpose:
+            A, B = A.T, B.T
+        pre = h @ A + x_t @ B
+        return act(pre + b if bias else pre)
+
+    return step
+
+
+FORWARD_MISTAKES = [
+    Misconception(
+        lambda x, h0, W, U, b: torch.cat(
+            [h0.unsqueeze(-2), elman_forward(x, h0, W, U, b)], dim=-2),
+        "Your output starts with h0 and so has T + 1 states. Return the T new states "
+        "h_1, ..., h_T only: shape (T, H), or (B, T, H) for a batch",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: _loop(x, h0, _tanh_step(W, U, b), store_before=True),
+        "Your states are shifted by one step: you stored h before updating it, so the output "
+        "holds h_0, ..., h_{T-1}. Store the new state h_t after computing it",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: elman_forward(x, h0, W, U, b)[..., -1, :],
+        "You returned only the last state h_T. Return every state h_1, ..., h_T stacked along "
+        "the time axis: shape (T, H), or (B, T, H) for a batch (torch.stack(states, dim=-2))",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: _loop(x, h0, _tanh_step(W, U, b), carry=False),
+        "Every one of your states is computed from h0: the state is not carried forward. "
+        "Step t must use the previous step's result h_{t-1} (assign the new state to the "
+        "variable you pass to the next step)",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: _loop(x, h0, _tanh_step(W, U, b), backwards=True),
+        "You ran over the sequence backwards (from t = T down to 1): read the inputs in order, "
+        "t = 1, ..., T",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: elman_forward(x, h0, W, U, b).transpose(0, 1)
+              if x.dim() == 3 else None,
+        "With a batch, your states are stacked time-major, (T, B, H). Stack them along the "
+        "time axis of a batch-first tensor, (B, T, H): torch.stack(states, dim=-2)",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: _loop(x, h0, _tanh_step(W, U, b, act=lambda z: z)),
+        "Your states have no nonlinearity: apply torch.tanh at every step",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: _loop(x, h0, _tanh_step(W, U, b, bias=False)),
+        "Your states are missing the bias b: add it inside the tanh at every step",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: _loop(x, h0, _tanh_step(W, U, b, swap=True)),
+        "W and U look swapped: W (H, H) multiplies the previous state and U (H, Din) the "
+        "input. (When Din = H the shapes cannot tell them apart, but the values can)",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: _loop(x, h0, _tanh_step(W, U, b, transpose=False)),
+        "You multiplied by W and U without transposing them: with vectors as rows, W h is "
+        "h @ W.T and U x is x_t @ U.T",
+    ),
+    Misconception(
+        lambda x, h0, W, U, b: _loop(
+            x, h0, lambda x_t, h: torch.tanh(h @ W + x_t @ U.T + b)),
+        "You multiplied h @ W, which is W^T h: with vectors as rows, W h is h @ W.T",
+    ),
+]
+
+
+def check_elman_forward(elman_forward_fn: Callable) -> None:
+    """Check ``elman_forward(x, h0, W, U, b)`` returns every hidden state h_1..h_T.
+
+    Args:
+        elman_forward_fn: the learner's function; x (T, Din) or (B, T, Din), h0 (H,) or
+            (B, H), W (H, H), U (H, Din), b (H,); returns (T, H) or (B, T, H).
+    """
+
+    def check_one(got, case: Case) -> None:
+        x, h0 = case.args[:2]
+        expected = elman_forward(*case.args)
+        if isinstance(got, torch.Tensor) and got.shape == h0.shape and x.shape[-2] > 1:
+            raise CheckFailure(
+                f"Your function returned a single state, shape {tuple(got.shape)}, but it "
+                f"should return all {x.shape[-2]} states h_1, ..., h_T stacked along the time "
+                f"axis: shape {tuple(expected.shape)} (case '{case.name}'). Collect every new "
+                "state in a list and torch.stack(states, dim=-2)"
+            )
+        compare_tensors(got, expected, case, what="Your hidden states",
+                        misconceptions=FORWARD_MISTAKES)
+
+    run_cases("elman_forward", elman_forward_fn, _forward_cases(seed=102), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1.3: gradient_norms
+
+
+@dataclass
+class _GradCase(Case):
+    """A case whose function has parameters that must come out untouched."""
+
+    modules: list[nn.Module] = field(default_factory=list)
+
+
+def _rnn_fn(gen_seed: int, d_in: int, hidden: int, gain: float) -> tuple[Callable, nn.Module]:
+    torch.manual_seed(gen_seed)  # only the module's initialisation; restored by the caller
+    rnn = ElmanRNN(d_in, hidden)
+    with torch.no_grad():
+        rnn.W.mul_(gain / torch.linalg.eigvals(rnn.W).abs().max())
+
+    def rnn_outputs(x: torch.Tensor) -> torch.Tensor:
+        return rnn(x)[0]  # (T, H)
+
+    return rnn_outputs, rnn
+
+
+def _attention_fn(gen_seed: int, d_model: int) -> tuple[Callable, nn.Module]:
+    torch.manual_seed(gen_seed)
+    attention = MultiHeadAttention(d_model, 2)
+
+    def attention_outputs(x: torch.Tensor) -> torch.Tensor:
+        return attention(x)[0]  # (T, D)
+
+    return attention_outputs, attention
+
+
+def _running_sum_fn(gen: torch.Generator, d_in: int, d_out: int) -> Callable:
+    M = rand(gen, d_in, d_out)
+
+    def running_sum(x: torch.Tensor) -> torch.Tensor:
+        # position t sees x_1..x_t, weighted more the later they come: no parameters at all
+        weights = torch.arange(1, x.shape[-2] + 1, dtype=x.dtype)[:, None]  # (T, 1)
+        return torch.tanh(torch.cumsum(weights * x, dim=-2) @ M)  # (T, Dout)
+
+    return running_sum
+
+
+def _grad_cases(seed: int) -> list[_GradCase]:
+    gen = torch.Generator().manual_seed(seed)
+    state = torch.get_rng_state()
+    try:
+        rnn, rnn_module = _rnn_fn(seed, 3, 6, gain=1.3)
+        square, square_module = _rnn_fn(seed + 1, 5, 4, gain=0.9)
+        attention, attention_module = _attention_fn(seed + 2, 8)
+        short, short_module = _rnn_fn(seed + 3, 2, 3, gain=1.0)
+    finally:
+        torch.set_rng_state(state)  # the learner's global random stream is left alone
+    running = _running_sum_fn(gen, 4, 3)
+    return [
+        _GradCase("Elman RNN, T=12, Din=3, H=6", (rnn, rand(gen, 12, 3)),
+                  modules=[rnn_module]),
+        _GradCase("self-attention layer, T=7, D=8", (attention, rand(gen, 7, 8)),
+                  modules=[attention_module]),
+        _GradCase("Elman RNN with T = Din = 5", (square, rand(gen, 5, 5)),
+                  modules=[square_module]),
+        _GradCase("a weighted running sum, T=6, Din=4", (running, rand(gen, 6, 4))),
+        _GradCase("one position, T=1", (short, rand(gen, 1, 2)), modules=[short_module]),
+    ]
+
+
+def _grad_of(scalar_of: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    leaf = x.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        (grad,) = torch.autograd.grad(scalar_of(leaf), leaf)
+    return grad  # (T, Din)
+
+
+def _jacobian_norms(fn: Callable, x: torch.Tensor) -> torch.Tensor:
+    jac = torch.autograd.functional.jacobian(lambda v: fn(v)[-1], x)  # (H, T, Din)
+    return jac.pow(2).sum(dim=(0, 2)).sqrt()  # (T,)
+
+
+GRAD_MISTAKES = [
+    Misconception(
+        lambda fn, x: gradient_norms(fn, x).flip(0),
+        "Your norms are in reverse order. Entry t must belong to input position t (entry 0 to "
+        "x_1, the last entry to x_T, which is at distance 0 from h_T); keep the positions' "
+        "order and turn it into distances only when plotting",
+    ),
+    Misconception(
+        lambda fn, x: _grad_of(lambda v: fn(v).sum(), x).norm(dim=-1),
+        "You differentiated the sum of the outputs at every position. The exercise asks how "
+        "each input reaches the last output only: differentiate fn(x)[-1].sum()",
+    ),
+    Misconception(
+        lambda fn, x: _grad_of(lambda v: fn(v)[0].sum(), x).norm(dim=-1),
+        "You differentiated the output at the first position, fn(x)[0]. h_T is the output at "
+        "the last position: fn(x)[-1].sum()",
+    ),
+    Misconception(
+        lambda fn, x: _grad_of(lambda v: fn(v)[-1].sum(), x).pow(2).sum(-1),
+        "You returned squared norms: take the square root (torch.linalg.vector_norm(g, dim=-1) "
+        "or g.norm(dim=-1))",
+    ),
+    Misconception(
+        lambda fn, x: _grad_of(lambda v: fn(v)[-1].sum(), x).abs().sum(-1),
+        "You summed absolute values (the L1 norm); use the L2 norm, sqrt(sum of squares): "
+        "g.norm(dim=-1)",
+    ),
+    Misconception(
+        lambda fn, x: _grad_of(lambda v: fn(v)[-1].sum(), x).abs().amax(-1),
+        "You took the largest absolute entry of each gradient; use the L2 norm, "
+        "g.norm(dim=-1)",
+    ),
+    Misconception(
+        lambda fn, x: _grad_of(lambda v: fn(v)[-1].sum(), x).norm(dim=0),
+        "You took the norm over the positions (dim 0), which gives one number per feature. "
+        "Take it over the features of each position instead: g.norm(dim=-1), one number per t",
+    ),
+    Misconception(
+        _jacobian_norms,
+        "You computed the norm of the whole Jacobian d h_T / d x_t. The exercise asks for the "
+        "gradient of one scalar, fn(x)[-1].sum(), with respect to x_t",
+    ),
+    Misconception(
+        lambda fn, x: fn(x).detach().norm(dim=-1),
+        "You returned the norms of the outputs themselves. Differentiate fn(x)[-1].sum() with "
+        "respect to x (torch.autograd.grad) and return the norm of each row of that gradient",
+    ),
+    Misconception(
+        lambda fn, x: _grad_of(lambda v: fn(v)[-1].sum(), x).norm(),
+        "You returned one norm for the whole gradient; return one per position, the norm of "
+        "each row: g.norm(dim=-1), shape (T,)",
+    ),
+]
+
+GRAD_LEAK = (
+    "Your function left gradients in the .grad of the parameters behind fn ({names}). That is "
+    "what .backward() does, and in a training loop those gradients would be added to the next "
+    "update's. Use torch.autograd.grad(scalar, x), which returns the gradient with respect to "
+    "x only and leaves every .grad alone"
+)
+
+
+def _parameter_state(modules: list[nn.Module]) -> list[tuple[str, torch.Tensor]]:
+    return [(name, p.detach().clone()) for m in modules for name, p in m.named_parameters()]
+
+
+def check_gradient_norms(gradient_norms_fn: Callable) -> None:
+    """Check ``gradient_norms(fn, x)``: entry t is ||d fn(x)[-1].sum() / d x_t||_2.
+
+    Besides the values, the check makes sure the function has no side effects: the result is
+    detached, the parameters behind ``fn`` keep their values and get no ``.grad``, and the
+    caller's ``x`` does not start requiring gradients.
+
+    Args:
+        gradient_norms_fn: the learner's function; fn maps x (T, Din) to outputs (T, H),
+            x is (T, Din); returns a (T,) tensor.
+    """
+
+    cases = _grad_cases(seed=103)
+    for case in cases:
+        fn, x = case.args
+        expected = gradient_norms(fn, x)
+        for module in case.modules:
+            module.zero_grad(set_to_none=True)
+        before = _parameter_state(case.modules)
+        # the modules are shared by the case and its function, so call_learner's copies of
+        # the arguments still reach the same parameters
+        with torch.enable_grad():
+            got = call_learner(gradient_norms_fn, case)
+        if isinstance(got, torch.Tensor):
+            got = got.detach()  # a result that still carries a graph has the right numbers
+        compare_tensors(got, expected, case, what="Your gradient norms",
+                        misconceptions=GRAD_MISTAKES)
+        leaked = [name for m in case.modules for name, p in m.named_parameters()
+                  if p.grad is not None]
+        if leaked:
+            raise CheckFailure(GRAD_LEAK.format(names=", ".join(leaked))
+                               + f" (case '{case.name}')")
+        after = _parameter_state(case.modules)
+        changed = [name for (name, old), (_, new) in zip(before, after, strict=True)
+                   if not torch.equal(old, new)]
+        if changed:
+            raise CheckFailure(
+                f"Your function changed the parameters behind fn ({', '.join(changed)}) on "
+                f"the case '{case.name}'. Measuring a gradient must not update the model"
+            )
+
+    # The checks above call the function on copies of x; one more call on a tensor we keep
+    # shows whether the caller's x was switched to requires_grad or given a .grad.
+    fn, x = cases[0].args
+    probe = x.clone()
+    gradient_norms_fn(fn, probe)
+    for module in cases[0].modules:
+        module.zero_grad(set_to_none=True)
+    if probe.requires_grad or probe.grad is not None:
+        raise CheckFailure(
+            "Your function changed the caller's x: it now requires grad"
+            + (" and has a .grad" if probe.grad is not None else "")
+            + ". Work on a copy, x = x.detach().clone().requires_grad_(True), so the "
+            "caller's tensor is left as it was"
+        )
+    labels = "; ".join(c.name for c in cases)
+    print(f"\u2705 gradient_norms is correct on all {len(cases)} test cases ({labels})")
+
+
+__all__ = ["check_elman_forward", "check_elman_step", "check_gradient_norms"]
