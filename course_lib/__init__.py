@@ -4,12 +4,24 @@ Every notebook imports its implementations from here; nothing is defined twice.
 
 Modules, bottom-up:
     device      get_device, seed_everything
-    rnn         the Elman RNN
+    rnn         the Elman RNN, one step and a whole sequence, gradient norms by distance
     attention   scores, softmax, scaled dot-product attention, masks, MultiHeadAttention
     positions   learned, sinusoidal, ALiBi and rotary position representations
     layers      FeedForward, LayerNorm, residual and Add & Norm wrappers
     models      encoder and decoder blocks, TransformerEncoder, TransformerDecoder,
-                EncoderDecoder, generation
+                EncoderDecoder, generation, parameter counts
+    data        the Shakespeare corpus, a character tokenizer, synthetic tasks
+    train       a small training loop (AdamW, warm-up and cosine decay, clipping, evaluation)
+    pretrained  a real pretrained BERT encoder (all-MiniLM-L6-v2) in our own model
+    probes      black-box tests of which outputs depend on which inputs (future leaks)
+    viz         attention heatmaps, the course's plot style, widgets
+    checks      graded-exercise checks, one module per chapter
+    exercises   generate exercise notebooks from solution notebooks
+    grade       python -m course_lib.grade: score exercise notebooks
+    colab       the notebooks' shared set-up cell
+
+The heavier modules (data, train, pretrained, probes, checks, grade) are imported on demand:
+``from course_lib.pretrained import load_pretrained_encoder``.
 """
 
 from .attention import (

@@ -1,0 +1,461 @@
+"""Checks for chapter 05, masking: the causal mask, masked attention, padding masks and a
+future-leak probe."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..attention import MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
+from ..attention import softmax as safe_softmax
+from ..probes import who_sees_whom as reference_who_sees_whom
+from ._core import Case, CheckFailure, Misconception, compare_tensors, describe, rand, run_cases
+
+ATOL = 1e-5
+RTOL = 1e-4
+
+# --------------------------------------------------------------------------------------------
+# Shared helpers
+
+
+def _require_bool(
+    got: Any, expected: torch.Tensor, case: Case, what: str, meaning: str = "'may attend'"
+) -> None:
+    """Fail with a specific message when a mask is returned with a non-boolean dtype."""
+    if not isinstance(got, torch.Tensor) or got.dtype == torch.bool:
+        return
+    hint = ""
+    if got.shape == expected.shape:
+        values = got.detach().double().cpu()
+        allowed = expected.cpu()
+        if torch.equal(values, allowed.double()):
+            hint = (
+                " The True/False pattern is right, so only the dtype is wrong: create the "
+                "tensor with dtype=torch.bool, or convert it with .bool(); comparisons such as "
+                "a < b give booleans directly."
+            )
+        elif meaning == "'may attend'" and torch.equal(
+            values, torch.where(allowed, 0.0, -math.inf).double()
+        ):
+            hint = (
+                " You returned an additive float mask (0 where allowed, -inf where forbidden). "
+                "That is a bias added to the scores; this course's masks are boolean, True = "
+                "may attend (convert with mask == 0)."
+            )
+        elif torch.equal(values, (~allowed).double()):
+            hint = f" Its values are also inverted: True must mean {meaning}."
+    raise CheckFailure(
+        f"{what} has dtype {got.dtype}, but it must be a boolean tensor (dtype=torch.bool) "
+        f"where True means {meaning} (case '{case.name}').{hint}"
+    )
+
+
+def _close_nan(a: torch.Tensor, b: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) -> bool:
+    """Equal within tolerance, NaN matching NaN (for recognising a mistake that makes NaN)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
+        return False
+    return bool(torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(),
+                               atol=atol, rtol=rtol, equal_nan=True))
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5.1: causal_mask(n)
+
+
+CAUSAL_MASK_MISTAKES = [
+    Misconception(
+        lambda n: ~causal_mask(n),
+        "Your mask is inverted: True must mean 'may attend' (the convention of "
+        "F.scaled_dot_product_attention), so it is True on and below the diagonal, where key "
+        "j <= query i. You marked the forbidden (future) entries instead; flip it with ~",
+    ),
+    Misconception(
+        lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1),
+        "Your mask leaves out the diagonal: a position may attend to itself (key j <= query i, "
+        "'Zuko' sees 'Zuko'), so keep diagonal=0 in torch.tril, not diagonal=-1. Without it "
+        "the first row has no allowed key at all",
+    ),
+    Misconception(
+        lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool)),
+        "Your mask is upper-triangular: each query may see the future and not the past. Row i "
+        "is query i and column j is key j; query i may attend to keys j <= i, which is the "
+        "lower triangle (torch.tril)",
+    ),
+    Misconception(
+        lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=1),
+        "Your mask lets each query see one key into the future (key i + 1): use torch.tril "
+        "with diagonal=0, not diagonal=1",
+    ),
+    Misconception(
+        lambda n: torch.ones(n, n, dtype=torch.bool),
+        "Your mask allows every key for every query: nothing is masked. Keys after the query "
+        "(j > i) must be False",
+    ),
+]
+
+
+def check_causal_mask(causal_mask_fn: Callable) -> None:
+    """Check ``causal_mask(n)`` -> (n, n) bool, True where key j <= query i.
+
+    Args:
+        causal_mask_fn: the learner's function taking an int n.
+    """
+
+    def check_one(got, case: Case) -> None:
+        expected = causal_mask(case.args[0])
+        _require_bool(got, expected, case, "Your mask")
+        compare_tensors(got, expected, case, what="Your mask",
+                        misconceptions=CAUSAL_MASK_MISTAKES, atol=0.0, rtol=0.0)
+
+    cases = [Case(f"n={n}", (n,)) for n in (4, 1, 2, 7)]
+    run_cases("causal_mask", causal_mask_fn, cases, check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5.2: masked_attention(q, k, v, mask)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
+
+
+WEIGHT_MISTAKES = [
+    Misconception(
+        lambda q, k, v, mask: torch.softmax(_scores(q, k).masked_fill(~mask, 0.0), dim=-1),
+        "You filled the masked scores with 0. A score of 0 is an ordinary score: e^0 = 1, so "
+        "the masked keys still get weight. Fill with float('-inf') so that exp(-inf) = 0",
+    ),
+    Misconception(
+        lambda q, k, v, mask: torch.softmax(_scores(q, k), dim=-1) * mask,
+        "Your weights are the unmasked softmax with the masked entries zeroed afterwards, so "
+        "the rows no longer sum to 1. Mask the scores before the softmax (fill them with "
+        "float('-inf')), or renormalise each row after zeroing",
+    ),
+    Misconception(
+        lambda q, k, v, mask: torch.softmax(_scores(q, k).masked_fill(mask, -math.inf), dim=-1),
+        "Your mask is applied the wrong way round: True means 'may attend', so fill the scores "
+        "where the mask is False: scores.masked_fill(~mask, float('-inf'))",
+    ),
+    Misconception(
+        lambda q, k, v, mask: safe_softmax(_scores(q, k).masked_fill(mask, -math.inf)),
+        "Your mask is applied the wrong way round: True means 'may attend', so fill the scores "
+        "where the mask is False: scores.masked_fill(~mask, float('-inf'))",
+    ),
+    Misconception(
+        lambda q, k, v, mask: safe_softmax((q @ k.transpose(-2, -1)).masked_fill(~mask,
+                                                                                 -math.inf)),
+        "Your weights are softmax(q k^T) without scaling: divide the scores by sqrt(d), "
+        "d = q.shape[-1], before masking and the softmax",
+    ),
+    Misconception(
+        lambda q, k, v, mask: torch.softmax(_scores(q, k).masked_fill(~mask, -1e9), dim=-1),
+        "A query whose keys are all masked got uniform weights (1/S each) instead of zeros: "
+        "that is what filling with a large negative number such as -1e9 does when a whole row "
+        "is masked, and it lets that query attend to every key. Give such rows all-zero "
+        "weights, e.g. weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)",
+    ),
+]
+
+
+def _attention_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    random_mask = torch.rand(3, 5, generator=gen) > 0.5
+    random_mask[:, 0] = True  # every query keeps at least one key
+    empty_row = torch.tensor([[True, False, False, False],
+                              [False, False, False, False],
+                              [True, True, True, False]])
+    left_padded = causal_mask(5)[None] & torch.tensor(
+        [[True] * 5, [False, False, True, True, True]])[:, None, :]  # (B, T, S)
+    return [
+        Case("T=S=4, causal mask", (rand(gen, 4, 8), rand(gen, 4, 8), rand(gen, 4, 8),
+                                    causal_mask(4))),
+        Case("3 queries, 5 keys, random mask", (rand(gen, 3, 4), rand(gen, 5, 4),
+                                                rand(gen, 5, 6), random_mask)),
+        Case("batch and heads (2, 3, 5, 8) with a (T, S) causal mask",
+             (rand(gen, 2, 3, 5, 8), rand(gen, 2, 3, 5, 8), rand(gen, 2, 3, 5, 8),
+              causal_mask(5)),
+             hint="the mask (T, S) broadcasts against scores (B, H, T, S); transpose only the "
+                  "last two dimensions of k: k.transpose(-2, -1)"),
+        Case("padding mask (B, 1, 1, S), lengths 6 and 3",
+             (rand(gen, 2, 2, 6, 4), rand(gen, 2, 2, 6, 4), rand(gen, 2, 2, 6, 4),
+              padding_mask([6, 3])[:, None, None, :])),
+        Case("T=1", (rand(gen, 1, 8), rand(gen, 1, 8), rand(gen, 1, 8), causal_mask(1))),
+        Case("large scores, causal", (rand(gen, 4, 8, scale=30.0), rand(gen, 4, 8, scale=30.0),
+                                      rand(gen, 4, 8), causal_mask(4))),
+        Case("a query with no allowed key", (rand(gen, 3, 4), rand(gen, 4, 4), rand(gen, 4, 2),
+                                             empty_row)),
+        Case("left padding + causal (B=2): two fully masked rows",
+             (rand(gen, 2, 5, 4), rand(gen, 2, 5, 4), rand(gen, 2, 5, 4), left_padded)),
+    ]
+
+
+def check_masked_attention(masked_attention: Callable) -> None:
+    """Check ``masked_attention(q, k, v, mask)`` -> (out, weights), scaled dot-product attention
+    where ``mask`` (bool, True = may attend) is applied with -inf before the softmax and a
+    query with no allowed key gets zero weights and a zero output.
+
+    Args:
+        masked_attention: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        q, k, v, mask = case.args
+        expected_out, expected_w = scaled_dot_product_attention(q, k, v, mask=mask)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailure(
+                f"masked_attention should return a pair (out, weights), but returned "
+                f"{describe(got)} (case '{case.name}')"
+            )
+        out, weights = got
+        if _close_nan(out, expected_w) and _close_nan(weights, expected_out):
+            raise CheckFailure(
+                f"You returned (weights, out); return them in the order (out, weights) "
+                f"(case '{case.name}')"
+            )
+        if not isinstance(weights, torch.Tensor):
+            raise CheckFailure(f"The weights should be a tensor, got {describe(weights)} "
+                               f"(case '{case.name}')")
+        for m in WEIGHT_MISTAKES:
+            wrong = m.wrong(q, k, v, mask)
+            if (_close_nan(weights, wrong) or _close_nan(weights, wrong.nan_to_num(0.0))) and (
+                not _close_nan(wrong, expected_w)
+            ):
+                raise CheckFailure(f"{m.message} (seen on the case '{case.name}')")
+        if weights.shape == expected_w.shape and torch.isnan(weights).any():
+            nan_rows = torch.isnan(weights).any(-1)  # (..., T)
+            empty = ~mask.expand(expected_w.shape).any(-1)  # (..., T) no allowed key
+            if bool(empty.any()) and bool((nan_rows <= empty).all()):
+                raise CheckFailure(
+                    "Your weights are NaN in the rows of queries whose keys are all masked "
+                    f"(case '{case.name}'): a row of -inf scores makes the softmax compute "
+                    "0 / 0. Such a query should get all-zero weights and a zero output, e.g. "
+                    "weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0) or "
+                    "torch.nan_to_num(weights). A NaN left there spreads to the whole batch "
+                    "in the next layer"
+                )
+        compare_tensors(weights, expected_w, case, what="Your weights")
+        if isinstance(out, torch.Tensor) and out.shape == expected_out.shape and bool(
+            torch.isnan(out).any()
+        ):
+            raise CheckFailure(
+                f"Your weights are right but the output contains NaN (case '{case.name}'): "
+                "compute it from the cleaned weights (NaN replaced by 0), out = weights @ v"
+            )
+        compare_tensors(out, expected_out, case, what="Your output", misconceptions=[
+            Misconception(
+                lambda q, k, v, mask: expected_w @ k,
+                "Your output is weights @ k: the weights average the values, out = weights @ v",
+            ),
+        ])
+
+    run_cases("masked_attention", masked_attention, _attention_cases(seed=5), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5.3: padding_mask(lengths, max_len)
+
+
+def _positions(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    return torch.arange(max_len)[None, :]  # (1, S)
+
+
+PADDING_MISTAKES = [
+    Misconception(
+        lambda lengths, max_len: ~padding_mask(lengths, max_len),
+        "Your mask is inverted: True must mark the real tokens (the keys that may be attended "
+        "to) and False the padding",
+    ),
+    Misconception(
+        lambda lengths, max_len: _positions(lengths, max_len) <= lengths[:, None],
+        "Your mask marks one position too many: a sequence of length L has its real tokens at "
+        "positions 0 .. L-1, so use position < L, not position <= L",
+    ),
+    Misconception(
+        lambda lengths, max_len: _positions(lengths, max_len) < lengths[:, None] - 1,
+        "Your mask marks one position too few: a sequence of length L has its real tokens at "
+        "positions 0 .. L-1, so use position < L (the last real token is at L - 1)",
+    ),
+    Misconception(
+        lambda lengths, max_len: padding_mask(lengths),
+        "Your mask has max(lengths) columns instead of max_len: the batch is padded to "
+        "max_len, which can be longer than its longest sequence. Build the positions with "
+        "torch.arange(max_len)",
+    ),
+    Misconception(
+        lambda lengths, max_len: padding_mask(lengths, max_len).T,
+        "Your mask is transposed: it should have shape (B, max_len), one row per sequence",
+    ),
+]
+
+
+def check_padding_mask(padding_mask_fn: Callable) -> None:
+    """Check ``padding_mask(lengths, max_len)`` -> (B, max_len) bool, True for real tokens.
+
+    Args:
+        padding_mask_fn: the learner's function taking a (B,) integer tensor and an int.
+    """
+
+    def check_one(got, case: Case) -> None:
+        lengths, max_len = case.args
+        expected = padding_mask(lengths, max_len)
+        _require_bool(got, expected, case, "Your padding mask",
+                      meaning="'real token' (a key that may be attended to)")
+        compare_tensors(got, expected, case, what="Your padding mask",
+                        misconceptions=PADDING_MISTAKES, atol=0.0, rtol=0.0)
+
+    cases = [
+        Case("lengths [3, 5, 2], max_len 5", (torch.tensor([3, 5, 2]), 5)),
+        Case("lengths [2, 2], max_len 4 (longer than every sequence)",
+             (torch.tensor([2, 2]), 4)),
+        Case("an empty sequence: lengths [0, 4, 1], max_len 6", (torch.tensor([0, 4, 1]), 6)),
+        Case("one sequence of length 1", (torch.tensor([1]), 1)),
+        Case("lengths [7, 3, 5, 4], max_len 9", (torch.tensor([7, 3, 5, 4]), 9)),
+    ]
+    run_cases("padding_mask", padding_mask_fn, cases, check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5.4: who_sees_whom(f, x)
+
+D_PROBE = 8
+
+
+@functools.cache
+def _probe_layers() -> tuple[MultiHeadAttention, torch.nn.Linear]:
+    gen_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(505)
+        attention = MultiHeadAttention(D_PROBE, 2).eval().requires_grad_(False)
+        head = torch.nn.Linear(D_PROBE, 3).requires_grad_(False)
+    finally:
+        torch.random.set_rng_state(gen_state)  # leave the learner's random stream alone
+    return attention, head
+
+
+def causal_layer(x: torch.Tensor) -> torch.Tensor:
+    """A causal self-attention layer: output i depends on inputs 0..i."""
+    return _probe_layers()[0](x, is_causal=True)[0]
+
+
+def bidirectional_layer(x: torch.Tensor) -> torch.Tensor:
+    """An unmasked self-attention layer: every output depends on every input."""
+    return _probe_layers()[0](x)[0]
+
+
+def off_by_one_layer(x: torch.Tensor) -> torch.Tensor:
+    """A self-attention layer with a buggy mask: output i also sees input i + 1."""
+    seq_len = x.shape[1]
+    mask = torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
+    return _probe_layers()[0](x, mask=mask)[0]
+
+
+def previous_token(x: torch.Tensor) -> torch.Tensor:
+    """Output i is input i - 1 (output 0 is zeros): it depends on the past only, not on i."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+
+
+def causal_with_rounding_noise(x: torch.Tensor) -> torch.Tensor:
+    """A causal layer whose outputs also wobble by ~1e-6 with every input, like float
+    rounding noise: not a real dependence at atol=1e-5."""
+    return causal_layer(x) + 5e-7 * x.sum(dim=1, keepdim=True)
+
+
+def causal_logits(x: torch.Tensor) -> torch.Tensor:
+    """A causal layer followed by a linear map to 3 outputs per position: (B, T, 3)."""
+    return _probe_layers()[1](causal_layer(x))
+
+
+def _who_reference(f: Callable, x: torch.Tensor, atol: float = 1e-5) -> torch.Tensor:
+    return reference_who_sees_whom(f, x, atol=atol, rtol=0.0, n_trials=2)
+
+
+WHO_MISTAKES = [
+    Misconception(
+        lambda f, x, atol=1e-5: _who_reference(f, x, atol).T,
+        "Your matrix is transposed: entry [i, j] should say whether OUTPUT i changed when "
+        "INPUT j was replaced (rows are outputs, columns are the replaced inputs), so a causal "
+        "layer gives a lower-triangular matrix",
+    ),
+    Misconception(
+        lambda f, x, atol=1e-5: torch.diag(torch.diagonal(_who_reference(f, x, atol))),
+        "Your matrix has entries on the diagonal only: after replacing input j you seem to "
+        "look at output j alone. Compare every output position i (a whole column [:, j]) "
+        "after each replacement",
+    ),
+    Misconception(
+        lambda f, x, atol=1e-5: reference_who_sees_whom(f, x, atol=0.0, rtol=0.0),
+        "Your matrix counts changes of about 1e-6 as dependences: that is float rounding "
+        "noise, not information flowing. Count output i as changed only if it moved by more "
+        "than atol, e.g. (new - old).abs().amax() > atol (or use torch.allclose with atol)",
+    ),
+    Misconception(
+        lambda f, x, atol=1e-5: torch.flip(
+            torch.cummax(torch.flip(_who_reference(f, x, atol).int(), [1]), dim=1).values,
+            [1]).bool(),
+        "Your matrix looks as if input j and every input after it were replaced together: "
+        "replace one position at a time, leaving all the others as they were",
+    ),
+    Misconception(
+        lambda f, x, atol=1e-5: torch.cummax(_who_reference(f, x, atol).int(),
+                                             dim=1).values.bool(),
+        "Your matrix looks as if inputs 0..j were replaced together: replace one position at "
+        "a time, starting again from the original x for each j",
+    ),
+    Misconception(
+        lambda f, x, atol=1e-5: ~_who_reference(f, x, atol),
+        "Your matrix is inverted: True should mean 'output i changed when input j was "
+        "replaced'",
+    ),
+]
+
+
+def _who_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        Case("causal attention, T=5", (causal_layer, rand(gen, 2, 5, D_PROBE))),
+        Case("an unmasked (bidirectional) layer, T=4", (bidirectional_layer,
+                                                         rand(gen, 2, 4, D_PROBE))),
+        Case("a mask off by one, T=6", (off_by_one_layer, rand(gen, 2, 6, D_PROBE))),
+        Case("output i = input i - 1, T=5", (previous_token, rand(gen, 3, 5, D_PROBE))),
+        Case("causal layer with ~1e-6 rounding noise, T=5",
+             (causal_with_rounding_noise, rand(gen, 2, 5, D_PROBE))),
+        Case("causal layer then 3 outputs per position, T=4",
+             (causal_logits, rand(gen, 1, 4, D_PROBE))),
+        Case("T=1", (causal_layer, rand(gen, 2, 1, D_PROBE))),
+    ]
+
+
+def check_who_sees_whom(who_sees_whom: Callable) -> None:
+    """Check ``who_sees_whom(f, x, atol=1e-5)`` -> (T, T) bool, entry [i, j] True when output i
+    of ``f`` changes by more than atol after input j of ``x`` (B, T, D) is replaced.
+
+    The functions probed: causal, unmasked and off-by-one attention layers, a "previous token"
+    function (the diagonal is not seen), a causal layer with rounding noise, and a layer with
+    a different output size.
+
+    Args:
+        who_sees_whom: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        f, x = case.args
+        expected = _who_reference(f, x)
+        seq_len = x.shape[1]
+        if isinstance(got, torch.Tensor) and got.dim() == 3 and tuple(got.shape[1:]) == (
+            seq_len, seq_len
+        ):
+            raise CheckFailure(
+                f"Your result has shape {tuple(got.shape)}, one matrix per example. Return one "
+                f"(T, T) = ({seq_len}, {seq_len}) matrix for the whole batch: output i counts as "
+                f"changed if it changed in any example (case '{case.name}')"
+            )
+        _require_bool(got, expected, case, "Your matrix",
+                      meaning="'output i changed when input j was replaced'")
+        compare_tensors(got, expected, case, what="Your who-sees-whom matrix",
+                        misconceptions=WHO_MISTAKES, atol=0.0, rtol=0.0)
+
+    run_cases("who_sees_whom", who_sees_whom, _who_cases(seed=54), check_one)

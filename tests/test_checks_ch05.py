@@ -1,0 +1,438 @@
+"""The chapter 05 checks: each must reject plausible wrong answers with a message naming the
+mistake, accept every correct formulation, and let an unsolved stub fail as itself."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import attention
+from course_lib.checks import CheckFailure
+from course_lib.checks.ch05 import (
+    causal_layer,
+    causal_with_rounding_noise,
+    check_causal_mask,
+    check_masked_attention,
+    check_padding_mask,
+    check_who_sees_whom,
+    off_by_one_layer,
+    previous_token,
+)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 5.x: write the body")
+
+
+@pytest.mark.parametrize("check", [check_causal_mask, check_masked_attention, check_padding_mask,
+                                   check_who_sees_whom])
+def test_an_unsolved_stub_fails_as_itself(check):
+    with pytest.raises(NotImplementedError, match="Exercise 5.x"):
+        check(_stub)
+
+
+# ------------------------------------------------------------------------------ 5.1 causal_mask
+
+
+def causal_tril(n):
+    return torch.tril(torch.ones(n, n, dtype=torch.bool))
+
+
+def causal_aranges(n):
+    positions = torch.arange(n)
+    return positions[None, :] <= positions[:, None]  # key j <= query i
+
+
+def causal_loop(n):
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        for j in range(i + 1):
+            mask[i, j] = True
+    return mask
+
+
+def causal_from_triu(n):
+    return ~torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+
+
+@pytest.mark.parametrize("fn", [causal_tril, causal_aranges, causal_loop, causal_from_triu])
+def test_causal_mask_accepts_correct_answers(fn, capsys):
+    check_causal_mask(fn)
+    assert "causal_mask is correct" in capsys.readouterr().out
+
+
+WRONG_CAUSAL = {
+    "inverted (True = blocked)": (lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool), 1),
+                                  "inverted"),
+    "strictly lower": (lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), -1),
+                       "leaves out the diagonal"),
+    "upper triangle": (lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool)),
+                       "upper-triangular"),
+    "one step ahead": (lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), 1),
+                       "one key into the future"),
+    "nothing masked": (lambda n: torch.ones(n, n, dtype=torch.bool), "allows every key"),
+    "float 0/1": (lambda n: torch.tril(torch.ones(n, n)), "only the dtype is wrong"),
+    "int 0/1": (lambda n: torch.tril(torch.ones(n, n, dtype=torch.long)),
+                "only the dtype is wrong"),
+    "float 0/-inf": (lambda n: torch.zeros(n, n).masked_fill(
+        ~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf")), "additive float mask"),
+    "float, inverted": (lambda n: torch.triu(torch.ones(n, n), 1), "also inverted"),
+    "a list": (lambda n: [[j <= i for j in range(n)] for i in range(n)], "should be a tensor"),
+    "batched shape": (lambda n: causal_tril(n)[None], r"shape \(1, 4, 4\)"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_CAUSAL))
+def test_causal_mask_rejects_wrong_answers(name):
+    fn, message = WRONG_CAUSAL[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_causal_mask(fn)
+
+
+def test_causal_mask_messages_name_bool():
+    with pytest.raises(CheckFailure, match="torch.bool"):
+        check_causal_mask(lambda n: torch.tril(torch.ones(n, n)))
+
+
+# ------------------------------------------------------------------------- 5.2 masked_attention
+
+
+def _scores(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+
+def masked_nan_to_num(q, k, v, mask):
+    weights = torch.softmax(_scores(q, k).masked_fill(~mask, float("-inf")), dim=-1)
+    weights = torch.nan_to_num(weights, nan=0.0)  # a fully masked row: 0/0 -> 0
+    return weights @ v, weights
+
+
+def masked_where_any(q, k, v, mask):
+    scores = torch.where(mask, _scores(q, k), torch.tensor(float("-inf")))
+    weights = torch.softmax(scores, dim=-1)
+    weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return weights @ v, weights
+
+
+def masked_big_negative_fixed(q, k, v, mask):
+    """-1e9 instead of -inf is fine numerically, as long as empty rows become zeros."""
+    weights = torch.softmax(_scores(q, k).masked_fill(~mask, -1e9), dim=-1)
+    weights = weights * mask.any(-1, keepdim=True)
+    return weights @ v, weights
+
+
+def masked_renormalised(q, k, v, mask):
+    """Zero the future after the softmax, then renormalise (eq. 21 plus renormalisation)."""
+    zeroed = torch.softmax(_scores(q, k), dim=-1) * mask
+    total = zeroed.sum(-1, keepdim=True)
+    weights = zeroed / torch.where(total > 0, total, torch.ones_like(total))
+    return weights @ v, weights
+
+
+def masked_library(q, k, v, mask):
+    return attention.scaled_dot_product_attention(q, k, v, mask=mask)
+
+
+def masked_loop(q, k, v, mask):
+    """Row by row: softmax over the allowed keys only."""
+    d = q.shape[-1]
+    full = torch.broadcast_shapes(q.shape[:-1] + (k.shape[-2],), mask.shape)
+    qs = q.expand(*full[:-1], d).reshape(-1, full[-2], d)
+    ks = k.expand(*full[:-2], k.shape[-2], d).reshape(-1, k.shape[-2], d)
+    vs = v.expand(*full[:-2], *v.shape[-2:]).reshape(-1, *v.shape[-2:])
+    ms = mask.expand(full).reshape(-1, *full[-2:])
+    weights = torch.zeros(qs.shape[0], full[-2], full[-1])
+    for b in range(qs.shape[0]):
+        for t in range(full[-2]):
+            allowed = ms[b, t]
+            if allowed.any():
+                scores = ks[b][allowed] @ qs[b, t] / math.sqrt(d)
+                weights[b, t, allowed] = torch.softmax(scores, dim=0)
+    weights = weights.reshape(full)
+    return weights @ vs.reshape(*full[:-2], *v.shape[-2:]), weights
+
+
+@pytest.mark.parametrize("fn", [masked_nan_to_num, masked_where_any, masked_big_negative_fixed,
+                                masked_renormalised, masked_library, masked_loop])
+def test_masked_attention_accepts_correct_answers(fn, capsys):
+    check_masked_attention(fn)
+    assert "masked_attention is correct" in capsys.readouterr().out
+
+
+def _weights_only(weights_fn):
+    def fn(q, k, v, mask):
+        weights = weights_fn(q, k, mask)
+        return weights @ v, weights
+    return fn
+
+
+def _no_nan_fix(q, k, mask):
+    return torch.softmax(_scores(q, k).masked_fill(~mask, float("-inf")), dim=-1)
+
+
+WRONG_MASKED = {
+    "fill with 0": (_weights_only(lambda q, k, m: torch.softmax(
+        _scores(q, k).masked_fill(~m, 0.0), dim=-1)), "filled the masked scores with 0"),
+    "mask after the softmax": (_weights_only(lambda q, k, m: torch.softmax(
+        _scores(q, k), dim=-1) * m), "zeroed afterwards"),
+    "inverted mask": (_weights_only(lambda q, k, m: torch.softmax(
+        _scores(q, k).masked_fill(m, float("-inf")), dim=-1)), "wrong way round"),
+    "inverted mask, NaN cleaned": (_weights_only(lambda q, k, m: torch.softmax(
+        _scores(q, k).masked_fill(m, float("-inf")), dim=-1).nan_to_num(0.0)),
+        "wrong way round"),
+    "no scaling": (_weights_only(lambda q, k, m: attention.softmax(
+        (q @ k.transpose(-2, -1)).masked_fill(~m, float("-inf")))), "sqrt"),
+    "NaN in fully masked rows": (_weights_only(_no_nan_fix), "NaN in the rows of queries whose "
+                                                             "keys are all masked"),
+    "-1e9 without fixing empty rows": (_weights_only(lambda q, k, m: torch.softmax(
+        _scores(q, k).masked_fill(~m, -1e9), dim=-1)), "uniform weights"),
+    "(weights, out)": (lambda q, k, v, m: masked_nan_to_num(q, k, v, m)[::-1],
+                       r"order \(out, weights\)"),
+    "weights only": (lambda q, k, v, m: masked_nan_to_num(q, k, v, m)[1], r"pair \(out, weights\)"),
+    "out = weights @ k": (lambda q, k, v, m: (masked_nan_to_num(q, k, v, m)[1] @ k,
+                                              masked_nan_to_num(q, k, v, m)[1]), "weights @ k"),
+    "out from the NaN weights": (
+        lambda q, k, v, m: (_no_nan_fix(q, k, m) @ v, _no_nan_fix(q, k, m).nan_to_num(0.0)),
+        "output contains NaN"),
+    "k.T on a batch": (_weights_only(lambda q, k, m: torch.softmax(
+        (q @ k.T / math.sqrt(q.shape[-1])).masked_fill(~m, float("-inf")), -1).nan_to_num(0.0)),
+        r"k\.transpose\(-2, -1\)"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")
+@pytest.mark.parametrize("name", list(WRONG_MASKED))
+def test_masked_attention_rejects_wrong_answers(name):
+    fn, message = WRONG_MASKED[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_masked_attention(fn)
+
+
+def test_masked_attention_reference_agrees_with_pytorch():
+    """The check's reference equals PyTorch's fused attention, fully masked rows included."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=gen) for _ in range(3))
+    mask = attention.causal_mask(5)[None, None] & torch.tensor(
+        [[True] * 5, [False, False, True, True, True]])[:, None, None, :]  # (B, 1, T, S)
+    out, _ = attention.scaled_dot_product_attention(q, k, v, mask=mask)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+# -------------------------------------------------------------------------- 5.3 padding_mask
+
+
+def padding_compare(lengths, max_len):
+    return torch.arange(max_len)[None, :] < lengths[:, None]
+
+
+def padding_loop(lengths, max_len):
+    mask = torch.zeros(len(lengths), max_len, dtype=torch.bool)
+    for b, length in enumerate(lengths.tolist()):
+        mask[b, :length] = True
+    return mask
+
+
+def padding_from_causal(lengths, max_len):
+    """Row L of a lower-triangular matrix with one extra row on top has L leading Trues."""
+    table = torch.tril(torch.ones(max_len + 1, max_len, dtype=torch.bool), diagonal=-1)
+    return table[lengths]
+
+
+@pytest.mark.parametrize("fn", [padding_compare, padding_loop, padding_from_causal,
+                                attention.padding_mask])
+def test_padding_mask_accepts_correct_answers(fn, capsys):
+    check_padding_mask(fn)
+    assert "padding_mask is correct" in capsys.readouterr().out
+
+
+WRONG_PADDING = {
+    "inverted": (lambda lengths, n: torch.arange(n)[None, :] >= lengths[:, None], "inverted"),
+    "<=": (lambda lengths, n: torch.arange(n)[None, :] <= lengths[:, None], "one position too many"),
+    "< L - 1": (lambda lengths, n: torch.arange(n)[None, :] < lengths[:, None] - 1,
+                "one position too few"),
+    "ignores max_len": (lambda lengths, n: torch.arange(int(lengths.max()))[None, :]
+                        < lengths[:, None], "max_len"),
+    "transposed": (lambda lengths, n: (torch.arange(n)[None, :] < lengths[:, None]).T,
+                   "transposed"),
+    "float": (lambda lengths, n: (torch.arange(n)[None, :] < lengths[:, None]).float(),
+              "only the dtype is wrong"),
+    "float, inverted": (lambda lengths, n: (torch.arange(n)[None, :] >= lengths[:, None]).float(),
+                        "also inverted: True must mean 'real token'"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_PADDING))
+def test_padding_mask_rejects_wrong_answers(name):
+    fn, message = WRONG_PADDING[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_padding_mask(fn)
+
+
+# -------------------------------------------------------------------------- 5.4 who_sees_whom
+
+
+def _changed(new, old, atol):
+    batch, seq_len = old.shape[:2]
+    moved = (new - old).abs().reshape(batch, seq_len, -1).amax(-1)  # (B, T)
+    return (moved > atol).any(0)  # (T,)
+
+
+def who_loop(f, x, atol=1e-5):
+    seq_len = x.shape[1]
+    base = f(x)
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y = x.clone()
+        y[:, j] = torch.randn_like(y[:, j])
+        sees[:, j] = _changed(f(y), base, atol)
+    return sees
+
+
+def who_allclose(f, x, atol=1e-5):
+    """Element loops with torch.allclose (its default rtol included), three trials each."""
+    seq_len = x.shape[1]
+    base = f(x)
+    rows = []
+    for i in range(seq_len):
+        row = []
+        for j in range(seq_len):
+            changed = False
+            for _ in range(3):
+                y = x.clone()
+                y[:, j] = y[:, j] + 1.0 + torch.rand_like(y[:, j])
+                changed |= not torch.allclose(f(y)[:, i], base[:, i], atol=atol)
+            row.append(changed)
+        rows.append(row)
+    return torch.tensor(rows)
+
+
+def who_batched(f, x, atol=1e-5):
+    """All T perturbations in one batch of B*T sequences."""
+    batch, seq_len = x.shape[:2]
+    y = x.repeat(seq_len, *([1] * (x.dim() - 1)))  # (T*B, T, D), block j perturbs position j
+    for j in range(seq_len):
+        y[j * batch:(j + 1) * batch, j] = torch.randn_like(x[:, j])
+    moved = (f(y) - f(x).repeat(seq_len, *([1] * (x.dim() - 1)))).abs()
+    moved = moved.reshape(seq_len, batch, seq_len, -1).amax(-1).amax(1)  # (T_j, T_i)
+    return (moved > atol).T
+
+
+@pytest.mark.parametrize("fn", [who_loop, who_allclose, who_batched])
+def test_who_sees_whom_accepts_correct_answers(fn, capsys):
+    check_who_sees_whom(fn)
+    assert "who_sees_whom is correct" in capsys.readouterr().out
+
+
+def who_exact(f, x, atol=1e-5):
+    seq_len = x.shape[1]
+    base = f(x)
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y = x.clone()
+        y[:, j] = torch.randn_like(y[:, j])
+        sees[:, j] = _changed(f(y), base, 0.0)
+    return sees
+
+
+def who_diagonal(f, x, atol=1e-5):
+    seq_len = x.shape[1]
+    base = f(x)
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y = x.clone()
+        y[:, j] = torch.randn_like(y[:, j])
+        sees[j, j] = _changed(f(y), base, atol)[j]
+    return sees
+
+
+def who_suffix(f, x, atol=1e-5):
+    """Replaces position j and everything after it (not one position at a time)."""
+    seq_len = x.shape[1]
+    base = f(x)
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y = x.clone()
+        y[:, j:] = torch.randn_like(y[:, j:])
+        sees[:, j] = _changed(f(y), base, atol)
+    return sees
+
+
+def who_accumulating(f, x, atol=1e-5):
+    """Forgets to start again from x: perturbations pile up over j."""
+    seq_len = x.shape[1]
+    base = f(x)
+    y = x.clone()
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y[:, j] = torch.randn_like(y[:, j])
+        sees[:, j] = _changed(f(y), base, atol)
+    return sees
+
+
+def who_per_example(f, x, atol=1e-5):
+    batch, seq_len = x.shape[:2]
+    base = f(x)
+    sees = torch.zeros(batch, seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y = x.clone()
+        y[:, j] = torch.randn_like(y[:, j])
+        sees[:, :, j] = (f(y) - base).abs().reshape(batch, seq_len, -1).amax(-1) > atol
+    return sees
+
+
+def who_in_place(f, x, atol=1e-5):
+    base = f(x)
+    seq_len = x.shape[1]
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        x[:, j] = torch.randn_like(x[:, j])  # overwrites the caller's tensor
+        sees[:, j] = _changed(f(x), base, atol)
+    return sees
+
+
+WRONG_WHO = {
+    "transposed": (lambda f, x, atol=1e-5: who_loop(f, x, atol).T, "transposed"),
+    "diagonal only": (who_diagonal, "diagonal only"),
+    "exact comparison": (who_exact, "rounding"),
+    "suffix replaced": (who_suffix, "every input after it"),
+    "perturbations accumulate": (who_accumulating, "inputs 0..j were replaced together"),
+    "inverted": (lambda f, x, atol=1e-5: ~who_loop(f, x, atol), "inverted"),
+    "per example": (who_per_example, "one matrix per example"),
+    "float 0/1": (lambda f, x, atol=1e-5: who_loop(f, x, atol).float(),
+                  "only the dtype is wrong"),
+    "modifies x in place": (who_in_place, "in place"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_WHO))
+def test_who_sees_whom_rejects_wrong_answers(name):
+    fn, message = WRONG_WHO[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_who_sees_whom(fn)
+
+
+def test_the_probed_functions_have_the_dependences_their_docstrings_claim():
+    """The check's test functions, measured with the library probe."""
+    from course_lib.probes import who_sees_whom
+
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))
+    ones = torch.ones(6, 6, dtype=torch.bool)
+    assert torch.equal(who_sees_whom(causal_layer, x), torch.tril(ones))
+    assert torch.equal(who_sees_whom(off_by_one_layer, x), torch.tril(ones, diagonal=1))
+    assert torch.equal(who_sees_whom(previous_token, x), torch.tril(ones, -1) & torch.triu(ones, -1))
+    assert torch.equal(who_sees_whom(causal_with_rounding_noise, x), torch.tril(ones))
+    assert who_sees_whom(causal_with_rounding_noise, x, atol=0.0, rtol=0.0).all()
+
+
+def test_building_the_probed_layers_leaves_the_global_random_stream_alone():
+    from course_lib.checks import ch05
+
+    ch05._probe_layers.cache_clear()
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    ch05._probe_layers()
+    assert torch.equal(torch.rand(3), expected)
