@@ -380,6 +380,10 @@ def init_weights(model: nn.Module, n_layers: int) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    for module in model.modules():
+        if isinstance(module, Embeddings) and module.token_scale != 1.0:
+            # token vectors of RMS 1 after scaling, comparable to the fixed sinusoids
+            nn.init.normal_(module.token.weight, mean=0.0, std=1.0 / module.token_scale)
 
 
 def count_parameters(module: nn.Module, *, trainable_only: bool = False) -> int:
@@ -428,6 +432,10 @@ class Embeddings(nn.Module):
     """Token embeddings plus (depending on ``positions``) absolute position vectors and
     segment embeddings, then optional LayerNorm and dropout.
 
+    With fixed sinusoidal positions (RMS about 0.7 per entry) the token vectors are multiplied
+    by sqrt(D) and initialised with std 1/sqrt(D), as in the original Transformer, so that
+    tokens and positions start at comparable sizes; learned tables start small together.
+
     Shapes:
         forward(ids: (B, T), token_type_ids: (B, T) or None) -> (B, T, D)
     """
@@ -449,6 +457,7 @@ class Embeddings(nn.Module):
         self.max_len = max_len
         self.positions = positions
         self.token = nn.Embedding(vocab_size, d_model)
+        self.token_scale = math.sqrt(d_model) if positions == "sinusoidal" else 1.0
         self.position: nn.Module | None = None
         if positions == "learned":
             self.position = LearnedPositionalEmbedding(max_len, d_model)
@@ -469,7 +478,7 @@ class Embeddings(nn.Module):
                 f"context of max_len={self.max_len} tokens; crop the input to its last "
                 f"{self.max_len} tokens"
             )
-        x = self.token(ids)  # (B, T, D)
+        x = self.token(ids) * self.token_scale  # (B, T, D)
         if self.position is not None:
             x = x + self.position(seq_len)  # (T, D) broadcasts over the batch
         if self.token_type is not None:

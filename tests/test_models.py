@@ -140,11 +140,16 @@ def test_parameter_count_matches_formula():
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "alibi", "rope", "none"])
 def test_decoder_loss_near_log_vocab_at_init(positions):
-    model = _gpt(positions=positions)
+    # An untied output layer starts small, so every model starts near the uniform guess.
+    # (Tied to a sinusoidal model's sqrt(D)-scaled token table, the output layer starts out
+    # favouring the current token instead; that model is checked for a finite loss.)
+    model = _gpt(positions=positions, tie_embeddings=False)
     ids = torch.randint(0, 20, (4, 12))
     out = model(ids, targets=ids)
     assert out.logits.shape == (4, 12, 20)
     assert abs(out.loss.item() - torch.log(torch.tensor(20.0)).item()) < 0.3
+    tied = _gpt(positions=positions)(ids, targets=ids).loss
+    assert torch.isfinite(tied)
 
 
 def test_loss_ignores_minus_100_targets():
@@ -288,3 +293,14 @@ def test_parameter_breakdown_adds_up_and_matches_the_formula():
     seq2seq = _seq2seq()
     assert sum(parameter_breakdown(seq2seq).values()) == count_parameters(seq2seq)
     assert "other" not in parameter_breakdown(seq2seq)
+
+
+def test_sinusoidal_models_scale_tokens_to_the_size_of_the_positions():
+    model = _gpt(positions="sinusoidal", d_model=64, n_heads=4)
+    ids = torch.randint(0, 20, (4, 12))
+    with torch.no_grad():
+        tokens = model.embeddings.token(ids) * model.embeddings.token_scale
+    positions = model.embeddings.position(12)
+    ratio = float(tokens.pow(2).mean().sqrt() / positions.pow(2).mean().sqrt())
+    assert 0.5 < ratio < 3.0  # same order of magnitude, not 35x apart
+    assert _gpt(positions="learned").embeddings.token_scale == 1.0

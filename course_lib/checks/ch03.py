@@ -1,0 +1,377 @@
+"""Checks for chapter 03, position representations.
+
+The references are :mod:`course_lib.positions`: :func:`~course_lib.positions.sinusoidal_encoding`,
+:func:`~course_lib.positions.alibi_bias` and :func:`~course_lib.positions.apply_rope`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .. import positions
+from ._core import Case, CheckFailure, Misconception, compare_tensors, rand, run_cases
+
+BASE = 10000.0
+
+
+# --------------------------------------------------------------------------------------------
+# 3.1 sinusoidal_encoding(n_positions, d_model)
+
+
+def _angles(n: int, d: int, *, exponent: Callable[[torch.Tensor], torch.Tensor],
+            start: int = 0, multiply: bool = False) -> torch.Tensor:
+    """(n, d/2) angles p / base^exponent(pair index i) (or p * base^... when multiply)."""
+    p = torch.arange(start, start + n, dtype=torch.float64)[:, None]  # (T, 1)
+    i = torch.arange(d // 2, dtype=torch.float64)  # (D/2,): the pair index
+    scale = BASE ** exponent(i)  # (D/2,)
+    return p * scale if multiply else p / scale  # (T, D/2)
+
+
+def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:
+    return torch.stack((even, odd), dim=-1).flatten(-2).float()  # (T, D)
+
+
+def _pe(n: int, d: int, **kwargs) -> torch.Tensor | None:
+    if d % 2:
+        return None
+    a = _angles(n, d, exponent=kwargs.pop("exponent", lambda i: 2 * i / d), **kwargs)
+    return _interleave(a.sin(), a.cos())
+
+
+def _pe_per_dimension(n: int, d: int) -> torch.Tensor | None:
+    if d % 2:
+        return None
+    p = torch.arange(n, dtype=torch.float64)[:, None]  # (T, 1)
+    j = torch.arange(d, dtype=torch.float64)  # (D,): the dimension index itself
+    a = p / BASE ** (j / d)  # (T, D)
+    out = a.sin()
+    out[:, 1::2] = a[:, 1::2].cos()
+    return out.float()
+
+
+def _pe_halves(n: int, d: int) -> torch.Tensor | None:
+    if d % 2:
+        return None
+    a = _angles(n, d, exponent=lambda i: 2 * i / d)
+    return torch.cat((a.sin(), a.cos()), dim=-1).float()  # (T, D)
+
+
+SINUSOIDAL_MISTAKES = [
+    Misconception(
+        lambda n, d: None if d % 2 else (lambda a: _interleave(a.cos(), a.sin()))(
+            _angles(n, d, exponent=lambda i: 2 * i / d)),
+        "sin and cos are swapped: the even dimensions 2i hold sin(p / 10000^(2i/d)) and the odd "
+        "dimensions 2i+1 hold cos of the same angle (so position 0 starts [0, 1, 0, 1, ...])",
+    ),
+    Misconception(
+        _pe_halves,
+        "You put all the sines in the first half and all the cosines in the second half. The "
+        "convention here is interleaved: dimension 2i is sin and dimension 2i+1 is cos of the "
+        "same angle, e.g. pe[:, 0::2] = sin, pe[:, 1::2] = cos",
+    ),
+    Misconception(
+        lambda n, d: _pe(n, d, exponent=lambda i: i / d),
+        "Your frequencies fall too slowly: the exponent is 2i/d where i is the index of the "
+        "(sin, cos) pair, i = 0 .. d/2-1. You used i/d (tip: torch.arange(0, d, 2) already "
+        "gives the values 2i)",
+    ),
+    Misconception(
+        lambda n, d: _pe(n, d, exponent=lambda i: 4 * i / d),
+        "Your frequencies fall too fast: the exponent is 2i/d with i the pair index. If you "
+        "took torch.arange(0, d, 2), it already holds 2i: do not multiply it by 2 again",
+    ),
+    Misconception(
+        _pe_per_dimension,
+        "Dimension 2i+1 must use the same frequency as dimension 2i: both hold the angle "
+        "p / 10000^(2i/d) (sin in 2i, cos in 2i+1). You used the dimension's own index in the "
+        "exponent, so the cos dimensions got a slightly different frequency",
+    ),
+    Misconception(
+        lambda n, d: _pe(n, d, start=1),
+        "Your positions start at 1: the first row is position p = 0, so it must be "
+        "[0, 1, 0, 1, ...] (sin 0 = 0, cos 0 = 1); use torch.arange(n_positions)",
+    ),
+    Misconception(
+        lambda n, d: None if d % 2 else (lambda a: _interleave(a.sin(), a.sin()))(
+            _angles(n, d, exponent=lambda i: 2 * i / d)),
+        "Every dimension holds a sine: the odd dimensions 2i+1 hold the cosine of the angle",
+    ),
+]
+
+
+def _sinusoidal_cases() -> list[Case]:
+    return [
+        Case("n=10, d=16", (10, 16)),
+        Case("n=50, d=64", (50, 64)),
+        Case("one position, n=1, d=8", (1, 8)),
+        Case("one pair of dimensions, n=7, d=2", (7, 2)),
+        Case("many dimensions, n=6, d=512", (6, 512)),
+        Case("many positions, n=200, d=32", (200, 32)),
+    ]
+
+
+MULTIPLIED_MESSAGE = (
+    "You multiplied the position by 10000^(2i/d); divide by it: the angle is "
+    "p / 10000^(2i/d), so the later pairs turn more and more slowly"
+)
+
+
+def _multiplied(got: torch.Tensor, n: int, d: int) -> bool:
+    """Does ``got`` hold sin/cos of p * 10000^(2i/d)? Those angles reach the thousands, where
+    float32 rounding alone changes the sines, so only entries with moderate angles count."""
+    angles = _angles(n, d, exponent=lambda i: 2 * i / d, multiply=True)  # (T, D/2)
+    wrong = _interleave(angles.sin(), angles.cos()).double()  # (T, D)
+    moderate = (angles < 100).repeat_interleave(2, dim=-1)  # (T, D)
+    expected = positions.sinusoidal_encoding(n, d).double()
+    got = got.detach().double().cpu()
+    differs = (wrong - expected).abs()[moderate].max() > 1e-3
+    return bool(differs and torch.allclose(got[moderate], wrong[moderate], atol=1e-4))
+
+
+def _first_pair_right(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return bool(torch.allclose(got[:, :2].double(), expected[:, :2].double(), atol=1e-4))
+
+
+def check_sinusoidal_encoding(sinusoidal_encoding: Callable) -> None:
+    """Check ``sinusoidal_encoding(n_positions, d_model)``: PE[p, 2i] = sin(p / 10000^(2i/d)),
+    PE[p, 2i+1] = cos(p / 10000^(2i/d)), shape (n_positions, d_model).
+
+    Args:
+        sinusoidal_encoding: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        n, d = case.args
+        expected = positions.sinusoidal_encoding(n, d)
+        if isinstance(got, torch.Tensor) and got.shape == (d, n) and n != d:
+            raise CheckFailure(
+                f"Your encoding has shape {tuple(got.shape)}: rows should be positions and "
+                f"columns dimensions, shape (n_positions, d_model) = {(n, d)} "
+                f"(case '{case.name}')"
+            )
+        if isinstance(got, torch.Tensor) and got.shape == (n, d) and _multiplied(got, n, d):
+            raise CheckFailure(f"{MULTIPLIED_MESSAGE} (seen on the case '{case.name}')")
+        try:
+            compare_tensors(got, expected, case, what="Your encoding",
+                            misconceptions=SINUSOIDAL_MISTAKES, atol=1e-4, rtol=1e-4)
+        except CheckFailure as failure:
+            # The first pair has frequency 1 whatever the base, so a wrong base (or another
+            # slip in the exponent) leaves it right and spoils only the later pairs.
+            if "wrong values" in str(failure) and d > 2 and _first_pair_right(got, expected):
+                raise CheckFailure(
+                    f"{failure}. Your first pair of dimensions (frequency 1) is right but later "
+                    "pairs are not: check the base (10000) and the exponent 2i/d, where i is "
+                    "the pair index"
+                ) from None
+            raise
+
+    run_cases("sinusoidal_encoding", sinusoidal_encoding, _sinusoidal_cases(), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# 3.2 alibi_bias(n, n_heads)
+
+
+def _paper_slopes(n_heads: int, *, shift: int = 0) -> torch.Tensor:
+    h = torch.arange(1, n_heads + 1, dtype=torch.float64) + shift  # (H,)
+    return 2.0 ** (-8.0 * h / n_heads)
+
+
+def _distance(n: int, *, signed: bool = False, flip: bool = False) -> torch.Tensor:
+    i = torch.arange(n, dtype=torch.float64)
+    diff = i[:, None] - i[None, :]  # (T, S): query position minus key position
+    if flip:
+        diff = -diff
+    return diff if signed else diff.abs()
+
+
+def _alibi(slopes: torch.Tensor, distance: torch.Tensor, sign: float = -1.0) -> torch.Tensor:
+    return (sign * slopes[:, None, None] * distance).float()  # (H, T, S)
+
+
+ALIBI_MISTAKES = [
+    Misconception(
+        lambda n, h: _alibi(_paper_slopes(h), _distance(n), sign=1.0),
+        "Your biases are positive: ALiBi *subtracts* m_h * |i - j|, so far-away keys get a "
+        "lower score (eq. 13 of the notes: [-i, ..., -1, 0, -1, ..., -(n-1-i)])",
+    ),
+    Misconception(
+        lambda n, h: _alibi(_paper_slopes(h), _distance(n, signed=True)),
+        "You used i - j without the absolute value, so keys after the query (j > i) get a "
+        "positive bonus. The penalty is -m_h * |i - j| on both sides of the diagonal",
+    ),
+    Misconception(
+        lambda n, h: _alibi(_paper_slopes(h), _distance(n, signed=True, flip=True)),
+        "You used j - i without the absolute value, so keys before the query get a positive "
+        "bonus. The penalty is -m_h * |i - j| on both sides of the diagonal",
+    ),
+    Misconception(
+        lambda n, h: _alibi(_paper_slopes(h).flip(0), _distance(n)),
+        "Your slopes are in reverse order: head 1 has the largest slope, 2^(-8/H), and the "
+        "last head the smallest, 2^(-8)",
+    ),
+    Misconception(
+        lambda n, h: _alibi(_paper_slopes(h, shift=-1), _distance(n)),
+        "Your slopes are off by one: with heads numbered h = 1 .. H the slope is 2^(-8h/H), "
+        "so the first head's slope is 2^(-8/H), not 1 (if you loop with range(H), use h + 1)",
+    ),
+    Misconception(
+        lambda n, h: _alibi(_paper_slopes(h, shift=1), _distance(n)),
+        "Your slopes are off by one: with heads numbered h = 1 .. H the slope is 2^(-8h/H), "
+        "so the last head's slope is 2^(-8) and the first head's 2^(-8/H)",
+    ),
+    Misconception(
+        lambda n, h: _alibi(2.0 ** -torch.arange(1, h + 1, dtype=torch.float64), _distance(n)),
+        "Your slopes are 1/2, 1/4, 1/8, ... whatever the number of heads; that is right only "
+        "for H = 8. The slope of head h is 2^(-8h/H), which depends on H",
+    ),
+    Misconception(
+        lambda n, h: _alibi(torch.arange(1, h + 1, dtype=torch.float64) * 2.0 ** (-8.0 / h),
+                            _distance(n)),
+        "Your slopes grow linearly (h * 2^(-8/H)); they form a geometric sequence: "
+        "m_h = (2^(-8/H))^h = 2^(-8h/H)",
+    ),
+    Misconception(
+        lambda n, h: _alibi(torch.ones(h, dtype=torch.float64), _distance(n)),
+        "Every head has the same bias -|i - j|: multiply head h's distances by its slope "
+        "m_h = 2^(-8h/H)",
+    ),
+    Misconception(
+        lambda n, h: _alibi(1.0 / _paper_slopes(h), _distance(n)),
+        "You divided the distances by the slopes; multiply them: the bias is -m_h * |i - j|",
+    ),
+]
+
+
+def _alibi_cases() -> list[Case]:
+    return [
+        Case("n=6, 2 heads", (6, 2)),
+        Case("n=8, 4 heads", (8, 4)),
+        Case("one head, n=5", (5, 1)),
+        Case("n=12, 8 heads", (12, 8)),
+        Case("n=3, 16 heads", (3, 16)),
+        Case("one token, n=1, 4 heads", (1, 4)),
+    ]
+
+
+def check_alibi_bias(alibi_bias: Callable) -> None:
+    """Check ``alibi_bias(n, n_heads)``: a tensor of shape (H, n, n) whose entry [h, i, j] is
+    -m_h * |i - j| with the slopes m_h = 2^(-8h/H), h = 1 .. H (H a power of two).
+
+    Args:
+        alibi_bias: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        n, h = case.args
+        expected = positions.alibi_bias(n, n_heads=h)
+        if isinstance(got, torch.Tensor):
+            if got.shape == (n, n, h) != (h, n, n):
+                raise CheckFailure(
+                    f"Your bias has shape {tuple(got.shape)}, with the heads last; put them "
+                    f"first: shape (n_heads, n, n) = {(h, n, n)} (case '{case.name}')"
+                )
+            if got.shape == (n, n) and h == 1:
+                raise CheckFailure(
+                    f"With one head the result still needs its head dimension: shape "
+                    f"(1, n, n) = {(1, n, n)}, not {(n, n)} (case '{case.name}')"
+                )
+        compare_tensors(got, expected, case, what="Your bias", misconceptions=ALIBI_MISTAKES)
+
+    run_cases("alibi_bias", alibi_bias, _alibi_cases(), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# 3.3 apply_rope(x, positions)
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, *, exponent: Callable[[torch.Tensor, int],
+          torch.Tensor] | None = None, sign: float = 1.0, halves: bool = False) -> torch.Tensor:
+    d = x.shape[-1]
+    i = torch.arange(d // 2, dtype=torch.float64)  # (Dh/2,): the pair index
+    e = 2 * i / d if exponent is None else exponent(i, d)
+    angles = sign * pos.double()[:, None] * BASE ** (-e)  # (T, Dh/2)
+    cos, sin = angles.cos(), angles.sin()
+    xd = x.double()
+    if halves:
+        a, b = xd[..., : d // 2], xd[..., d // 2:]
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).to(x.dtype)
+    a, b = xd[..., 0::2], xd[..., 1::2]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).to(x.dtype)
+
+
+ROPE_MISTAKES = [
+    Misconception(
+        lambda x, pos: _rope(x, pos, sign=-1.0),
+        "You rotate the wrong way (clockwise): the new pair is "
+        "(x_2i cos a - x_2i+1 sin a, x_2i sin a + x_2i+1 cos a) with a = p * theta_i",
+    ),
+    Misconception(
+        lambda x, pos: _rope(x, pos, halves=True),
+        "You paired dimension i with dimension i + d/2 (the 'rotate half' layout). Here the "
+        "pairs are adjacent dimensions (2i, 2i+1): take x[..., 0::2] and x[..., 1::2]",
+    ),
+    Misconception(
+        lambda x, pos: _rope(x, pos, exponent=lambda i, d: i / d),
+        "Your rotation speeds are off: theta_i = 10000^(-2i/d) with i the pair index "
+        "(i = 0 .. d/2-1); you used 10000^(-i/d)",
+    ),
+    Misconception(
+        lambda x, pos: _rope(x, pos, exponent=lambda i, d: 4 * i / d),
+        "Your rotation speeds are off: theta_i = 10000^(-2i/d) with i the pair index. If you "
+        "took torch.arange(0, d, 2), it already holds 2i: do not multiply it by 2 again",
+    ),
+    Misconception(
+        lambda x, pos: _rope(x, pos, exponent=lambda i, d: 0 * i),
+        "Every pair turns at the same speed (angle p): pair i turns by p * theta_i with "
+        "theta_i = 10000^(-2i/d), slower and slower for later pairs",
+    ),
+    Misconception(
+        lambda x, pos: _rope(x, torch.arange(x.shape[-2])),
+        "You ignored the positions argument and used 0, 1, ..., T-1: rotate the vector in "
+        "row t by positions[t] * theta_i",
+    ),
+    Misconception(
+        lambda x, pos: _rope(x, torch.arange(1, x.shape[-2] + 1)),
+        "You used positions 1 .. T instead of the given positions: rotate row t by "
+        "positions[t] * theta_i",
+    ),
+]
+
+ROPE_BATCH_HINT = (
+    "x can have leading dimensions, e.g. (batch, heads, T, d): index the last dimension with "
+    "x[..., 0::2] and let the (T, d/2) angles broadcast against (..., T, d/2)"
+)
+
+
+def _rope_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        Case("T=6, d=8", (rand(gen, 6, 8), torch.arange(6))),
+        Case("batched, (2, 5, 8)", (rand(gen, 2, 5, 8), torch.arange(5)), hint=ROPE_BATCH_HINT),
+        Case("batch and heads, (2, 3, 4, 16)", (rand(gen, 2, 3, 4, 16), torch.arange(4)),
+             hint=ROPE_BATCH_HINT),
+        Case("one pair of dimensions, d=2", (rand(gen, 5, 2), torch.arange(5))),
+        Case("one token at position 3", (rand(gen, 1, 8), torch.tensor([3]))),
+        Case("positions [7, 0, 3, 12]", (rand(gen, 4, 8), torch.tensor([7, 0, 3, 12]))),
+        Case("positions 10, 20, ..., 60, d=32", (rand(gen, 6, 32), torch.arange(10, 70, 10))),
+    ]
+
+
+def check_apply_rope(apply_rope: Callable) -> None:
+    """Check ``apply_rope(x, positions)``: the pair of dimensions (2i, 2i+1) of row t of x is
+    rotated by the angle positions[t] * 10000^(-2i/d); x has shape (..., T, d).
+
+    Args:
+        apply_rope: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        x, pos = case.args
+        expected = positions.apply_rope(x, pos)
+        compare_tensors(got, expected, case, what="Your rotated x", misconceptions=ROPE_MISTAKES,
+                        atol=1e-4, rtol=1e-4)
+
+    run_cases("apply_rope", apply_rope, _rope_cases(seed=3), check_one)

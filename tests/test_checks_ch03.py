@@ -1,0 +1,294 @@
+"""The chapter 03 checks: each must reject plausible wrong answers with a message naming the
+mistake, accept every correct formulation, and let an unsolved stub fail as itself.
+
+The wrong answers are written the way a learner would write them, independently of the
+misconceptions inside the checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from course_lib import positions
+from course_lib.checks import CheckFailure
+from course_lib.checks.ch03 import check_alibi_bias, check_apply_rope, check_sinusoidal_encoding
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 3.x: write the body")
+
+
+# ------------------------------------------------------------------- 3.1 sinusoidal_encoding
+
+
+def pe_loop(n_positions, d_model):
+    pe = torch.zeros(n_positions, d_model)
+    for p in range(n_positions):
+        for i in range(d_model // 2):
+            angle = p / 10000 ** (2 * i / d_model)
+            pe[p, 2 * i] = math.sin(angle)
+            pe[p, 2 * i + 1] = math.cos(angle)
+    return pe
+
+
+def pe_vectorised(n_positions, d_model):
+    """The 'Annotated Transformer' formulation: frequencies through exp and log."""
+    position = torch.arange(n_positions).unsqueeze(1).float()
+    div_term = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+    pe = torch.zeros(n_positions, d_model)
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term)
+    return pe
+
+
+def pe_stack_float64(n_positions, d_model):
+    i = torch.arange(d_model // 2, dtype=torch.float64)
+    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] / 10000 ** (2 * i / d_model)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).reshape(n_positions, d_model)
+
+
+@pytest.mark.parametrize("fn", [pe_loop, pe_vectorised, pe_stack_float64])
+def test_sinusoidal_encoding_accepts_correct_answers(fn, capsys):
+    check_sinusoidal_encoding(fn)
+    assert "sinusoidal_encoding is correct" in capsys.readouterr().out
+
+
+def _pe_with(n, d, *, freq=None, first="sin", layout="interleaved", start=0, op="divide"):
+    """A configurable wrong sinusoidal encoding built the way a learner might."""
+    p = torch.arange(start, start + n, dtype=torch.float32)[:, None]
+    two_i = torch.arange(0, d, 2, dtype=torch.float32)  # the values 2i
+    freq = (lambda two_i, d: 10000 ** (two_i / d)) if freq is None else freq
+    angles = p * freq(two_i, d) if op == "multiply" else p / freq(two_i, d)
+    sin, cos = angles.sin(), angles.cos()
+    if first == "cos":
+        sin, cos = cos, sin
+    if first == "sin-only":
+        cos = sin
+    if layout == "halves":
+        return torch.cat((sin, cos), dim=-1)
+    pe = torch.zeros(n, d)
+    pe[:, 0::2], pe[:, 1::2] = sin, cos
+    return pe
+
+
+def pe_per_dimension(n, d):
+    p = torch.arange(n, dtype=torch.float32)[:, None]
+    angles = p / 10000 ** (torch.arange(d, dtype=torch.float32) / d)  # dimension j, not 2i
+    pe = angles.sin()
+    pe[:, 1::2] = angles[:, 1::2].cos()
+    return pe
+
+
+WRONG_PE = {
+    "sin and cos swapped": (lambda n, d: _pe_with(n, d, first="cos"), "swapped"),
+    "halves, not interleaved": (lambda n, d: _pe_with(n, d, layout="halves"), "interleaved"),
+    "exponent i/d": (lambda n, d: _pe_with(n, d, freq=lambda two_i, d: 10000 ** (two_i / 2 / d)),
+                     "too slowly"),
+    "2 * arange(0, d, 2)": (lambda n, d: _pe_with(n, d, freq=lambda two_i, d:
+                                                   10000 ** (2 * two_i / d)), "too fast"),
+    "frequency per dimension": (pe_per_dimension, "same frequency"),
+    "positions from 1": (lambda n, d: _pe_with(n, d, start=1), "start at 1"),
+    "multiplied by the frequency": (lambda n, d: _pe_with(n, d, op="multiply"), "multiplied"),
+    "sines only": (lambda n, d: _pe_with(n, d, first="sin-only"), "cosine"),
+    "base 1000": (lambda n, d: _pe_with(n, d, freq=lambda two_i, d: 1000 ** (two_i / d)),
+                  "check the base"),
+    "transposed": (lambda n, d: pe_loop(n, d).T, r"rows should be positions"),
+    "no return": (lambda n, d: None, "forget to return"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_PE))
+def test_sinusoidal_encoding_rejects_misconceptions(name):
+    fn, message = WRONG_PE[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_sinusoidal_encoding(fn)
+
+
+def test_sinusoidal_encoding_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_sinusoidal_encoding(_stub)
+
+
+# ------------------------------------------------------------------------- 3.2 alibi_bias
+
+
+def alibi_loop(n, n_heads):
+    bias = torch.zeros(n_heads, n, n)
+    for h in range(n_heads):
+        slope = 2 ** (-8 * (h + 1) / n_heads)
+        for i in range(n):
+            for j in range(n):
+                bias[h, i, j] = -slope * abs(i - j)
+    return bias
+
+
+def alibi_vectorised(n, n_heads):
+    start = 2 ** (-8 / n_heads)
+    slopes = start ** torch.arange(1, n_heads + 1)  # (H,) geometric sequence
+    pos = torch.arange(n)
+    distance = (pos[:, None] - pos[None, :]).abs()  # (n, n)
+    return -slopes[:, None, None] * distance
+
+
+def alibi_library(n, n_heads):
+    return positions.alibi_bias(n, n_heads=n_heads)
+
+
+@pytest.mark.parametrize("fn", [alibi_loop, alibi_vectorised, alibi_library])
+def test_alibi_bias_accepts_correct_answers(fn, capsys):
+    check_alibi_bias(fn)
+    assert "alibi_bias is correct" in capsys.readouterr().out
+
+
+def _alibi_with(n, n_heads, *, slopes=None, distance="abs", sign=-1.0, divide=False):
+    h = torch.arange(1, n_heads + 1, dtype=torch.float32)
+    m = 2 ** (-8 * h / n_heads) if slopes is None else slopes(h, n_heads)
+    pos = torch.arange(n, dtype=torch.float32)
+    diff = pos[:, None] - pos[None, :]
+    dist = {"abs": diff.abs(), "i-j": diff, "j-i": -diff}[distance]
+    if divide:
+        return sign * dist / m[:, None, None]
+    return sign * m[:, None, None] * dist
+
+
+WRONG_ALIBI = {
+    "positive": (lambda n, H: _alibi_with(n, H, sign=1.0), "positive"),
+    "i - j without abs": (lambda n, H: _alibi_with(n, H, distance="i-j"), "absolute value"),
+    "j - i without abs": (lambda n, H: _alibi_with(n, H, distance="j-i"), "absolute value"),
+    "slopes reversed": (lambda n, H: _alibi_with(n, H, slopes=lambda h, H: 2 ** (-8 * (H + 1 - h)
+                                                                                   / H)),
+                        "reverse order"),
+    "range(H) exponent": (lambda n, H: _alibi_with(n, H, slopes=lambda h, H: 2 ** (-8 * (h - 1)
+                                                                                     / H)),
+                          "off by one"),
+    "exponent h + 1": (lambda n, H: _alibi_with(n, H, slopes=lambda h, H: 2 ** (-8 * (h + 1) / H)),
+                       "off by one"),
+    "slopes 2^-h": (lambda n, H: _alibi_with(n, H, slopes=lambda h, H: 2 ** -h), "depends on H"),
+    "linear slopes": (lambda n, H: _alibi_with(n, H, slopes=lambda h, H: h * 2 ** (-8 / H)),
+                      "geometric"),
+    "no slopes": (lambda n, H: _alibi_with(n, H, slopes=lambda h, H: torch.ones_like(h)),
+                  "same bias"),
+    "divided by the slope": (lambda n, H: _alibi_with(n, H, divide=True), "divided"),
+    "heads last": (lambda n, H: alibi_loop(n, H).permute(1, 2, 0), "heads last"),
+    "no head dimension for H=1": (lambda n, H: alibi_loop(n, H).squeeze(0), "head dimension"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_ALIBI))
+def test_alibi_bias_rejects_misconceptions(name):
+    fn, message = WRONG_ALIBI[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_alibi_bias(fn)
+
+
+def test_alibi_bias_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_alibi_bias(_stub)
+
+
+# ------------------------------------------------------------------------- 3.3 apply_rope
+
+
+def rope_loop(x, positions):
+    """Rotate each pair of each row with an explicit 2 x 2 matrix."""
+    d = x.shape[-1]
+    out = x.clone()
+    for t in range(x.shape[-2]):
+        for i in range(d // 2):
+            angle = float(positions[t]) * 10000 ** (-2 * i / d)
+            c, s = math.cos(angle), math.sin(angle)
+            a, b = x[..., t, 2 * i], x[..., t, 2 * i + 1]
+            out[..., t, 2 * i] = a * c - b * s
+            out[..., t, 2 * i + 1] = a * s + b * c
+    return out
+
+
+def rope_complex(x, positions):
+    """Pairs as complex numbers, rotated by multiplying with e^(i angle)."""
+    d = x.shape[-1]
+    theta = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    angles = positions.double()[:, None] * theta  # (T, d/2)
+    z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    rotated = z * torch.polar(torch.ones_like(angles), angles)
+    return torch.view_as_real(rotated).reshape(x.shape).to(x.dtype)
+
+
+def rope_vectorised(x, positions):
+    d = x.shape[-1]
+    theta = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+    angles = positions.float()[:, None] * theta  # (T, d/2)
+    cos, sin = angles.cos(), angles.sin()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+@pytest.mark.parametrize("fn", [rope_loop, rope_complex, rope_vectorised])
+def test_apply_rope_accepts_correct_answers(fn, capsys):
+    check_apply_rope(fn)
+    assert "apply_rope is correct" in capsys.readouterr().out
+
+
+def _rope_with(x, positions, *, sign=1.0, freq=None, layout="adjacent"):
+    d = x.shape[-1]
+    two_i = torch.arange(0, d, 2).float()
+    theta = 10000 ** (-two_i / d) if freq is None else freq(two_i, d)
+    angles = sign * positions.float()[:, None] * theta
+    cos, sin = angles.cos(), angles.sin()
+    if layout == "halves":
+        a, b = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+def rope_ignores_positions(x, positions):
+    return _rope_with(x, torch.arange(x.shape[-2]))
+
+
+def rope_2d_only(x, positions):
+    d = x.shape[-1]
+    theta = 10000 ** (-torch.arange(0, d, 2).float() / d)
+    angles = positions.float()[:, None] * theta
+    a, b = x[:, 0::2], x[:, 1::2]  # works for (T, d) only
+    return torch.stack((a * angles.cos() - b * angles.sin(), a * angles.sin() + b * angles.cos()),
+                       dim=-1).flatten(-2)
+
+
+def rope_in_place(x, positions):
+    out = rope_vectorised(x, positions)
+    x.mul_(2.0)  # scribbles on the caller's tensor
+    return out
+
+
+WRONG_ROPE = {
+    "wrong direction": (lambda x, p: _rope_with(x, p, sign=-1.0), "wrong way"),
+    "rotate half": (lambda x, p: _rope_with(x, p, layout="halves"), "adjacent"),
+    "exponent i/d": (lambda x, p: _rope_with(x, p, freq=lambda two_i, d: 10000 ** (-two_i / 2 / d)),
+                     "rotation speeds are off"),
+    "exponent 4i/d": (lambda x, p: _rope_with(x, p, freq=lambda two_i, d: 10000 ** (-2 * two_i / d)),
+                      "rotation speeds are off"),
+    "same speed": (lambda x, p: _rope_with(x, p, freq=lambda two_i, d: torch.ones_like(two_i)),
+                   "same speed"),
+    "ignores positions": (rope_ignores_positions, "ignored the positions"),
+    "positions 1..T": (lambda x, p: _rope_with(x, torch.arange(1, x.shape[-2] + 1)),
+                       "positions 1 .. T"),
+    "2-D only": (rope_2d_only, "leading dimensions"),
+    "in place": (rope_in_place, "in place"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_ROPE))
+def test_apply_rope_rejects_misconceptions(name):
+    fn, message = WRONG_ROPE[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_apply_rope(fn)
+
+
+def test_apply_rope_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_apply_rope(_stub)
