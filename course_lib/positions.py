@@ -212,7 +212,14 @@ def apply_rope(
         )
     theta = rope_frequencies(d_head, base=base, device=x.device)  # (Dh/2,)
     angles = positions.to(device=x.device, dtype=torch.float32)[:, None] * theta  # (T, Dh/2)
-    cos, sin = angles.cos(), angles.sin()
+    return _rotate_pairs(x, angles.cos(), angles.sin())
+
+
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[..., 2i], x[..., 2i+1]) by the angle whose cos/sin are given.
+
+    Shapes: x (..., T, Dh); cos, sin (T, Dh/2). Returns (..., T, Dh) in x's dtype.
+    """
     x_even = x[..., 0::2].float()  # (..., T, Dh/2)
     x_odd = x[..., 1::2].float()
     rotated = torch.stack(
@@ -233,6 +240,7 @@ class RotaryEmbedding(nn.Module):
         _require_even("d_head", d_head)
         self.d_head = d_head
         self.base = base
+        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[-1] != self.d_head:
@@ -240,7 +248,21 @@ class RotaryEmbedding(nn.Module):
                 f"x has last dimension {x.shape[-1]} but this RotaryEmbedding was built for "
                 f"d_head={self.d_head}"
             )
-        return apply_rope(x, positions, base=self.base)
+        if positions is not None:
+            return apply_rope(x, positions, base=self.base)
+        cos, sin = self._tables(x.shape[-2], x.device)
+        return _rotate_pairs(x, cos, sin)
+
+    def _tables(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles for positions 0..seq_len-1, kept between calls: a model
+        applies the same rotation to q and k in every layer at every step."""
+        cached = self._cache
+        if cached is None or cached[0].shape[0] < seq_len or cached[0].device != device:
+            length = max(seq_len, 0 if cached is None else cached[0].shape[0])
+            theta = rope_frequencies(self.d_head, base=self.base, device=device)  # (Dh/2,)
+            angles = torch.arange(length, device=device, dtype=torch.float32)[:, None] * theta
+            self._cache = cached = (angles.cos(), angles.sin())  # 2 x (length, Dh/2)
+        return cached[0][:seq_len], cached[1][:seq_len]
 
     def extra_repr(self) -> str:
         return f"d_head={self.d_head}, base={self.base}"

@@ -91,6 +91,16 @@ def test_rope_matches_gptj():
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_rotary_module_tables_match_the_function():
+    rope = RotaryEmbedding(8)
+    long, short = torch.randn(2, 20, 8), torch.randn(2, 5, 8)
+    torch.testing.assert_close(rope(short), apply_rope(short))  # builds tables for 5
+    torch.testing.assert_close(rope(long), apply_rope(long))  # grows them to 20
+    torch.testing.assert_close(rope(short), apply_rope(short))  # reuses a prefix
+    positions = torch.tensor([3, 1, 4, 1, 5])
+    torch.testing.assert_close(rope(short, positions), apply_rope(short, positions))
+
+
 def test_rope_keeps_norms_and_position_zero():
     x = torch.randn(3, 10, 8)
     out = apply_rope(x)
