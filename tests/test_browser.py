@@ -154,7 +154,10 @@ def test_lecture_runs_in_jupyterlab(lab, browser, path):
                      if c.cell_type == "code")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        page.goto(f"{lab['base']}/lab/tree/{path.name}?token={lab['token']}")
+        # A workspace of its own per notebook: otherwise JupyterLab restores the tabs of the
+        # previous test, and selectors would find cells in a hidden notebook.
+        page.goto(f"{lab['base']}/lab/workspaces/{path.stem}/tree/{path.name}"
+                  f"?reset&token={lab['token']}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
         _wait_for_idle(page, 60)
         page.keyboard.press("Control+b")  # hide the file browser: more notebook on screenshots
