@@ -3,7 +3,7 @@
 Every notebook imports its implementations from here; nothing is defined twice.
 
 Modules, bottom-up:
-    device      get_device, seed_everything
+    device      get_device, seed_everything, best_time, num_threads
     rnn         the Elman RNN, one step and a whole sequence, gradient norms by distance
     attention   scores, softmax, scaled dot-product attention, masks, MultiHeadAttention
     positions   learned, sinusoidal, ALiBi and rotary position representations
@@ -32,7 +32,7 @@ from .attention import (
     scaled_dot_product_attention,
     softmax,
 )
-from .device import get_device, seed_everything
+from .device import best_time, get_device, num_threads, seed_everything
 from .layers import AddNorm, FeedForward, LayerNorm, Residual, layer_norm
 from .models import (
     DecoderBlock,
@@ -81,6 +81,7 @@ __all__ = [
     "alibi_slopes",
     "apply_rope",
     "attention_scores",
+    "best_time",
     "causal_mask",
     "count_parameters",
     "elman_forward",
@@ -88,6 +89,7 @@ __all__ = [
     "get_device",
     "gradient_norms",
     "layer_norm",
+    "num_threads",
     "padding_mask",
     "parameter_breakdown",
     "scaled_dot_product_attention",

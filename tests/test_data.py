@@ -22,6 +22,7 @@ from course_lib.data import (
     recall_task,
     reverse_task,
     sequence_accuracy,
+    token_accuracy,
     shakespeare_text,
     sort_task,
     train_val_split,
@@ -352,3 +353,27 @@ def test_sequence_accuracy():
     assert sequence_accuracy(predictions, targets) == 0.5
     with pytest.raises(ValueError, match=r"predictions has shape \(2, 2\) but targets has shape \(2, 3\)"):
         sequence_accuracy(predictions[:, :2], targets)
+
+
+def test_token_accuracy_counts_scored_positions_only():
+    targets = torch.tensor([[IGNORE_INDEX, 1, 2], [IGNORE_INDEX, 3, 4]])
+    predictions = torch.tensor([[9, 1, 2], [9, 3, 0]])  # 3 of the 4 scored positions right
+    assert token_accuracy(predictions, targets) == 0.75
+    assert token_accuracy(predictions[:, -1], targets[:, -1]) == 0.5  # 1-D works too
+    with pytest.raises(ValueError, match=r"predictions has shape \(2, 2\) but targets has shape \(2, 3\)"):
+        token_accuracy(predictions[:, :2], targets)
+    with pytest.raises(ValueError, match="no scored position"):
+        token_accuracy(predictions, torch.full_like(targets, IGNORE_INDEX))
+
+
+def test_token_accuracy_matches_counting_by_hand():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        targets = torch.randint(0, 4, (5, 7), generator=gen)
+        targets[torch.rand(5, 7, generator=gen) < 0.4] = IGNORE_INDEX
+        targets[0, 0] = 1  # at least one scored position
+        predictions = torch.randint(0, 4, (5, 7), generator=gen)
+        pairs = [(p, t) for p, t in zip(predictions.flatten().tolist(), targets.flatten().tolist())
+                 if t != IGNORE_INDEX]
+        expected = sum(p == t for p, t in pairs) / len(pairs)
+        assert token_accuracy(predictions, targets) == pytest.approx(expected, abs=1e-7)
