@@ -2,25 +2,29 @@
 
 Every notebook imports its implementations from here; nothing is defined twice.
 
-Modules, bottom-up:
+The model library, bottom-up:
     device      get_device, seed_everything, best_time, num_threads
     rnn         the Elman RNN, one step and a whole sequence, gradient norms by distance
     attention   scores, softmax, scaled dot-product attention, masks, MultiHeadAttention
     positions   learned, sinusoidal, ALiBi and rotary position representations
-    layers      FeedForward, LayerNorm, residual and Add & Norm wrappers
-    models      encoder and decoder blocks, TransformerEncoder, TransformerDecoder,
-                EncoderDecoder, generation, parameter counts
-    data        the Shakespeare corpus, a character tokenizer, synthetic tasks
+    layers      FeedForward, LayerNorm (from the equations)
+    blocks      EncoderBlock, DecoderBlock (pre- or post-norm, optional cross-attention)
+    configs     EncoderConfig, DecoderConfig, EncoderDecoderConfig, the models' outputs
+    models      Encoder, DecoderLM, EncoderDecoder, lm_loss, parameter counts
+    generation  sampling (temperature, top-k) and generation loops
+    corpus      the Shakespeare corpus, train/validation split, language-model batches
+    tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
+    tasks       synthetic tasks: copy, reverse, sort, long-range recall, date translation
+    metrics     token and sequence accuracy
     train       a small training loop (AdamW, warm-up and cosine decay, clipping, evaluation)
-    pretrained  a real pretrained BERT encoder (all-MiniLM-L6-v2) in our own model
+    pretrained  a real pretrained BERT encoder (all-MiniLM-L6-v2) in our own Encoder
     probes      black-box tests of which outputs depend on which inputs (future leaks)
     viz         attention heatmaps, the course's plot style, widgets
-    checks      graded-exercise checks, one module per chapter
-    exercises   generate exercise notebooks from solution notebooks
-    grade       python -m course_lib.grade: score exercise notebooks
-    colab       the notebooks' shared set-up cell
 
-The heavier modules (data, train, pretrained, probes, checks, grade) are imported on demand:
+The course's tooling (graded checks, the exercise generator, the grader, the Colab set-up) is
+in ``course_lib.course``; it imports the model library, never the other way round.
+
+The heavier modules (corpus, train, pretrained, probes, viz) are imported on demand:
 ``from course_lib.pretrained import load_pretrained_encoder``.
 """
 
@@ -32,20 +36,11 @@ from .attention import (
     scaled_dot_product_attention,
     softmax,
 )
+from .blocks import DecoderBlock, EncoderBlock
+from .configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
 from .device import best_time, get_device, num_threads, seed_everything
-from .layers import AddNorm, FeedForward, LayerNorm, Residual, layer_norm
-from .models import (
-    DecoderBlock,
-    DecoderConfig,
-    EncoderBlock,
-    EncoderConfig,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-    TransformerDecoder,
-    TransformerEncoder,
-    count_parameters,
-    parameter_breakdown,
-)
+from .layers import FeedForward, LayerNorm, layer_norm
+from .models import DecoderLM, Encoder, EncoderDecoder, count_parameters, parameter_breakdown
 from .positions import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -57,13 +52,14 @@ from .positions import (
 )
 from .rnn import ElmanRNN, elman_forward, elman_step, gradient_norms, sequential_depth
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 __all__ = [
-    "AddNorm",
     "DecoderBlock",
     "DecoderConfig",
+    "DecoderLM",
     "ElmanRNN",
+    "Encoder",
     "EncoderBlock",
     "EncoderConfig",
     "EncoderDecoder",
@@ -72,11 +68,8 @@ __all__ = [
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
-    "Residual",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
-    "TransformerDecoder",
-    "TransformerEncoder",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",

@@ -11,6 +11,9 @@ Conventions:
       (B, 1, T, S) per example, (B, H, T, S) per example and head.
     * A query whose every key is masked gets all-zero weights and a zero output instead of NaN,
       the same choice PyTorch's fused attention makes.
+    * Padding is given as ``attention_mask`` of shape (B, S), True for real tokens, as in
+      Hugging Face. torch.nn's ``key_padding_mask`` means the opposite (True = ignore this key):
+      convert with ``attention_mask = ~key_padding_mask``.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from torch import nn
 from ._validate import (
     require_bool_mask,
     require_broadcastable,
+    require_dtype_of,
+    require_features,
     require_floating,
     require_ndim,
     require_positive_int,
+    require_probability,
     require_tensor,
     shape_of,
 )
@@ -53,6 +59,10 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """
     require_tensor("x", x)
     require_floating("x", x)
+    return _softmax(x, dim)
+
+
+def _softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     row_max = x.amax(dim=dim, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     exp = torch.exp(x - row_max)
@@ -60,15 +70,37 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return exp / torch.where(total > 0, total, torch.ones_like(total))
 
 
-def _check_qk(q: torch.Tensor, k: torch.Tensor) -> None:
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+    """q, k (and v) must be floating tensors of one dtype whose shapes fit together."""
     require_ndim("q", q, (2, 3, 4, 5), "(..., T, Dh)")
     require_ndim("k", k, (2, 3, 4, 5), "(..., S, Dh)")
+    pairs = [("k", k)]
+    if v is not None:
+        require_ndim("v", v, (2, 3, 4, 5), "(..., S, Dv)")
+        pairs.append(("v", v))
     require_floating("q", q)
-    require_floating("k", k)
+    for name, t in pairs:
+        require_floating(name, t)
+        if t.dtype != q.dtype:
+            raise ValueError(
+                f"q has dtype {q.dtype} but {name} has dtype {t.dtype}; give them one dtype, "
+                f"e.g. {name}.to(q.dtype)"
+            )
+        if t.shape[:-2] != q.shape[:-2]:
+            raise ValueError(
+                f"q has shape {shape_of(q)} and {name} has shape {shape_of(t)}: their leading "
+                f"(batch, head) dimensions {tuple(q.shape[:-2])} and {tuple(t.shape[:-2])} "
+                f"must match"
+            )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q and k must have the same last dimension (the query/key size Dh), but q has shape "
             f"{shape_of(q)} and k has shape {shape_of(k)}"
+        )
+    if v is not None and v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of positions S, but k has shape {shape_of(k)} "
+            f"and v has shape {shape_of(v)}"
         )
 
 
@@ -86,10 +118,14 @@ def attention_scores(
     Returns:
         Scores of shape (..., T, S), before any softmax.
     """
-    _check_qk(q, k)
+    _check_qkv(q, k)
+    return _scores(q, k, scale)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float | None) -> torch.Tensor:
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
+    return (q @ k.transpose(-2, -1)) * scale  # q k^T / sqrt(Dh): (..., T, S)
 
 
 def scaled_dot_product_attention(
@@ -116,23 +152,34 @@ def scaled_dot_product_attention(
     Returns:
         ``(out, weights)``: out of shape (..., T, Dv) and weights of shape (..., T, S).
     """
-    scores = attention_scores(q, k, scale=scale)  # (..., T, S)
-    require_ndim("v", v, (2, 3, 4, 5), "(..., S, Dv)")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"k and v must have the same number of positions S, but k has shape {shape_of(k)} "
-            f"and v has shape {shape_of(v)}"
-        )
+    _check_qkv(q, k, v)
+    scores_shape = (*q.shape[:-1], k.shape[-2])
     if mask is not None:
         require_bool_mask("mask", mask)
-        require_broadcastable("mask", mask, scores.shape, _MASK_SHAPES)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        require_broadcastable("mask", mask, scores_shape, _MASK_SHAPES)
     if bias is not None:
         require_tensor("bias", bias)
         require_floating("bias", bias)
-        require_broadcastable("bias", bias, scores.shape, _MASK_SHAPES)
+        require_broadcastable("bias", bias, scores_shape, _MASK_SHAPES)
+    require_probability("dropout_p", dropout_p)
+    return _attention(q, k, v, mask, bias, scale, dropout_p)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scale: float | None,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = _scores(q, k, scale)  # (..., T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if bias is not None:
         scores = scores + bias
-    weights = softmax(scores, dim=-1)  # (..., T, S), each row sums to 1 over the keys
+    weights = _softmax(scores, dim=-1)  # (..., T, S), each row sums to 1 over the keys
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     return weights @ v, weights  # (..., T, Dv), (..., T, S)
@@ -161,7 +208,7 @@ def padding_mask(
     *,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Key padding mask for a batch of right-padded sequences: True marks a real token.
+    """Padding mask (an ``attention_mask``) for right-padded sequences: True marks a real token.
 
     Args:
         lengths: the true length of each sequence, B integers.
@@ -186,7 +233,11 @@ def padding_mask(
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, T, D) -> (B, H, T, D/H): give each head its own slice of the model dimension."""
+    """(B, T, D) -> (B, H, T, D/H): give each head its own slice of the model dimension.
+
+    The transpose matters: a plain ``view(B, H, T, Dh)`` would also have the right shape, but it
+    would cut the (T, D) block row-major and hand each head a mixture of positions.
+    """
     batch, seq_len, d_model = x.shape
     return x.view(batch, seq_len, n_heads, d_model // n_heads).transpose(1, 2)  # (B, H, T, Dh)
 
@@ -197,20 +248,50 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(batch, seq_len, n_heads * d_head)  # (B, T, D)
 
 
+def combine_masks(
+    mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    is_causal: bool,
+    n_queries: int,
+    n_keys: int,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """AND together every mask that applies (True = may attend); None when nothing is masked.
+
+    Args:
+        mask: boolean, broadcastable to (B, H, T, S).
+        attention_mask: (B, S) boolean, True for real (non-padding) keys.
+        is_causal: also apply the future mask.
+
+    Returns:
+        A boolean mask broadcastable to (B, H, T, S), or None.
+    """
+    combined = mask
+    if attention_mask is not None:
+        padding = attention_mask[:, None, None, :]  # (B, 1, 1, S)
+        combined = padding if combined is None else combined & padding
+    if is_causal:
+        future = causal_mask(n_queries, n_keys, device=device)  # (T, S)
+        combined = future if combined is None else combined & future
+    return combined
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention for self-attention (keys from ``x``) and cross-attention (keys from
-    ``context``).
+    ``context``), eqs. 22-26 of the notes.
 
+    Written out, rather than wrapping ``nn.MultiheadAttention``, so that every step is visible
+    and the per-head weights can be returned; a test proves both compute the same function.
     The projections for queries, keys and values live in one fused linear layer whose weight
-    stacks the rows [W_q; W_k; W_v], shape (3D, D), so it maps one to one onto
-    ``nn.MultiheadAttention.in_proj_weight``.
+    stacks the rows [W_q; W_k; W_v], shape (3D, D), as ``nn.MultiheadAttention.in_proj_weight``
+    does.
 
     Two paths compute the same function:
         * the math path (course_lib's :func:`scaled_dot_product_attention`), which can return
           the attention weights;
-        * the fused path (``torch.nn.functional.scaled_dot_product_attention``), which is faster
-          and lighter on memory but never materialises the weights.
-    ``need_weights=True`` always uses the math path; ``impl="math"`` forces it.
+        * the fused path (``torch.nn.functional.scaled_dot_product_attention``), faster and
+          lighter on memory, which never materialises the weights.
+    ``return_weights=True`` uses the math path, otherwise the fused one runs.
 
     Args:
         d_model: D, must be divisible by n_heads.
@@ -218,8 +299,6 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights during training.
         bias: whether the projections have biases.
         rope: apply rotary position embeddings to q and k (self-attention only).
-        rope_base: RoPE's wavelength scale.
-        impl: ``"auto"`` (fused unless weights are requested) or ``"math"``.
 
     Shapes:
         forward(x: (B, T, D) or (T, D), context: (B, S, D) or None, ...) ->
@@ -234,43 +313,17 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         rope: bool = False,
-        rope_base: float = 10000.0,
-        impl: str = "auto",
     ) -> None:
         super().__init__()
-        require_positive_int("d_model", d_model)
-        require_positive_int("n_heads", n_heads)
-        if d_model % n_heads:
-            options = [h for h in range(1, d_model + 1) if d_model % h == 0]
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
-                f"d_model // n_heads dimensions, so n_heads must divide d_model "
-                f"(it could be one of {options})"
-            )
-        if impl not in ("auto", "math"):
-            raise ValueError(f"impl must be 'auto' or 'math', got {impl!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        _check_heads(d_model, n_heads)
+        require_probability("dropout", dropout)
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.dropout = dropout
-        self.impl = impl
         self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows [W_q; W_k; W_v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.rotary = RotaryEmbedding(self.d_head, base=rope_base) if rope else None
-
-    def _project(
-        self, x: torch.Tensor, context: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if context is None:
-            return self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
-        weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
-        d = self.d_model
-        q = F.linear(x, weight[:d], None if bias is None else bias[:d])  # (B, T, D)
-        kv = F.linear(context, weight[d:], None if bias is None else bias[d:])  # (B, S, 2D)
-        k, v = kv.chunk(2, dim=-1)  # 2 x (B, S, D)
-        return q, k, v
+        self.rotary = RotaryEmbedding(self.d_head) if rope else None
 
     def forward(
         self,
@@ -278,127 +331,149 @@ class MultiHeadAttention(nn.Module):
         context: torch.Tensor | None = None,
         *,
         mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
-        need_weights: bool = False,
+        return_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``x`` to ``context`` (or to ``x`` itself).
 
         Args:
-            x: queries' source, (B, T, D) or unbatched (T, D).
-            context: keys' and values' source for cross-attention, (B, S, D) or (S, D).
+            x: the queries' source, (B, T, D) or unbatched (T, D).
+            context: the keys' and values' source for cross-attention, (B, S, D) or (S, D).
             mask: boolean, True = may attend, broadcastable to (B, H, T, S).
-            key_padding_mask: boolean (B, S), True marks real (non-padding) keys.
+            attention_mask: (B, S) boolean, True for real keys and False for padding (Hugging
+                Face's ``attention_mask``; the opposite of torch's ``key_padding_mask``).
             bias: float added to the scores, broadcastable to (B, H, T, S) (e.g. ALiBi).
             is_causal: also apply the future mask (query t sees keys s <= t).
-            need_weights: return the attention weights (uses the math path).
+            return_weights: also return the attention weights (uses the math path).
 
         Returns:
             ``(out, weights)`` with out (B, T, D) and weights (B, H, T, S) or None.
         """
-        require_ndim("x", x, (2, 3), "(B, T, D) or (T, D)")
-        require_floating("x", x)
+        _check_attention_inputs(self, x, context, mask, attention_mask, bias)
         unbatched = x.dim() == 2
-        if x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"x has last dimension {x.shape[-1]} (shape {shape_of(x)}) but this attention "
-                f"layer has d_model={self.d_model}"
-            )
-        if context is not None:
-            require_ndim("context", context, (x.dim(),), "the same number of dims as x: "
-                         + ("(S, D)" if unbatched else "(B, S, D)"))
-            if context.shape[-1] != self.d_model:
-                raise ValueError(
-                    f"context has last dimension {context.shape[-1]} (shape {shape_of(context)}) "
-                    f"but this attention layer has d_model={self.d_model}"
-                )
-            if not unbatched and context.shape[0] != x.shape[0]:
-                raise ValueError(
-                    f"context has batch size {context.shape[0]} but x has batch size {x.shape[0]}"
-                )
         if unbatched:
-            x = x.unsqueeze(0)
-            context = None if context is None else context.unsqueeze(0)
-            if key_padding_mask is not None and key_padding_mask.dim() == 1:
-                key_padding_mask = key_padding_mask.unsqueeze(0)
-        batch, seq_len, _ = x.shape
-        src_len = seq_len if context is None else context.shape[1]
+            x = x[None]
+            context = None if context is None else context[None]
+            attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
 
-        q, k, v = self._project(x, context)
-        q = split_heads(q, self.n_heads)  # (B, H, T, Dh)
-        k = split_heads(k, self.n_heads)  # (B, H, S, Dh)
-        v = split_heads(v, self.n_heads)  # (B, H, S, Dh)
+        q, k, v = self._project(x, context)  # (B, T, D), (B, S, D), (B, S, D)
+        q, k, v = (split_heads(t, self.n_heads) for t in (q, k, v))  # (B, H, T|S, Dh)
         if self.rotary is not None and context is None:
             q, k = self.rotary(q), self.rotary(k)
-
-        fused = not (need_weights or self.impl == "math")
-        # The fused kernel has a fast built-in causal mode; use it when nothing else is masked.
-        causal_flag = (
-            fused and is_causal and mask is None and key_padding_mask is None and bias is None
-            and seq_len == src_len
-        )
-        scores_shape = (batch, self.n_heads, seq_len, src_len)
-        full_mask = self._combine_masks(
-            mask, key_padding_mask, is_causal and not causal_flag, scores_shape, x.device
-        )
-        if bias is not None:
-            require_tensor("bias", bias)
-            require_floating("bias", bias)
-            require_broadcastable("bias", bias, scores_shape, _MASK_SHAPES)
         dropout_p = self.dropout if self.training else 0.0
-
-        if not fused:
-            out, weights = scaled_dot_product_attention(
-                q, k, v, mask=full_mask, bias=bias, dropout_p=dropout_p
-            )  # (B, H, T, Dh), (B, H, T, S)
+        if return_weights:
+            keep = combine_masks(mask, attention_mask, is_causal, q.shape[2], k.shape[2], x.device)
+            # softmax(q k^T / sqrt(Dh) + bias) v, per head
+            out, weights = _attention(q, k, v, keep, bias, None, dropout_p)
+            # (B, H, T, Dh), (B, H, T, S)
         else:
-            weights = None
-            attn_mask = full_mask
-            if bias is not None:  # fold the boolean mask into the float bias
-                bias = bias.to(q.dtype)
-                attn_mask = bias if full_mask is None else bias.masked_fill(
-                    ~full_mask, float("-inf")
-                )
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal_flag
-            )  # (B, H, T, Dh)
-
+            out, weights = _fused_attention(q, k, v, mask, attention_mask, bias, is_causal,
+                                            dropout_p), None  # (B, H, T, Dh)
         out = self.out_proj(merge_heads(out))  # (B, T, D)
         if unbatched:
-            out = out.squeeze(0)
-            weights = None if weights is None else weights.squeeze(0)
+            return out[0], None if weights is None else weights[0]
         return out, weights
 
-    def _combine_masks(
-        self,
-        mask: torch.Tensor | None,
-        key_padding_mask: torch.Tensor | None,
-        is_causal: bool,
-        scores_shape: tuple[int, int, int, int],
-        device: torch.device,
-    ) -> torch.Tensor | None:
-        """AND together every mask that applies; None when nothing is masked."""
-        batch, _, seq_len, src_len = scores_shape
-        combined = None
-        if mask is not None:
-            require_bool_mask("mask", mask)
-            require_broadcastable("mask", mask, scores_shape, _MASK_SHAPES)
-            combined = mask
-        if key_padding_mask is not None:
-            require_bool_mask("key_padding_mask", key_padding_mask)
-            if tuple(key_padding_mask.shape) != (batch, src_len):
-                raise ValueError(
-                    f"key_padding_mask has shape {shape_of(key_padding_mask)} but should be "
-                    f"(B, S) = ({batch}, {src_len}), with True marking real tokens"
-                )
-            padding = key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
-            combined = padding if combined is None else combined & padding
-        if is_causal:
-            future = causal_mask(seq_len, src_len, device=device)  # (T, S)
-            combined = future if combined is None else combined & future
-        return combined
+    def _project(
+        self, x: torch.Tensor, context: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q = x W_q^T, k = c W_k^T, v = c W_v^T with c = x (self) or context (cross)."""
+        if context is None:
+            return self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
+        weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
+        d = self.d_model
+        q = F.linear(x, weight[:d], None if bias is None else bias[:d])  # (B, T, D)
+        kv = F.linear(context, weight[d:], None if bias is None else bias[d:])  # (B, S, 2D)
+        return (q, *kv.chunk(2, dim=-1))  # (B, T, D), (B, S, D), (B, S, D)
 
     def extra_repr(self) -> str:
         rope = ", rope=True" if self.rotary is not None else ""
         return f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout}{rope}"
+
+
+def _fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
+    """The same function through PyTorch's fused kernel (which never returns the weights)."""
+    seq_len, src_len = q.shape[2], k.shape[2]
+    # The kernel's built-in causal mode is fastest, but it aligns the mask top-left, which is
+    # right only when T == S and nothing else is masked.
+    if is_causal and mask is None and attention_mask is None and bias is None \
+            and seq_len == src_len:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    keep = combine_masks(mask, attention_mask, is_causal, seq_len, src_len, q.device)
+    attn_mask = keep
+    if bias is not None:  # one float mask: the bias, with -inf where attending is forbidden
+        bias = bias.to(q.dtype)
+        attn_mask = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+
+
+# ------------------------------------------------------------------------------ argument checks
+
+
+def _check_heads(d_model: int, n_heads: int) -> None:
+    require_positive_int("d_model", d_model)
+    require_positive_int("n_heads", n_heads)
+    if d_model % n_heads:
+        options = [h for h in range(1, d_model + 1) if d_model % h == 0]
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
+            f"d_model // n_heads dimensions, so n_heads must divide d_model "
+            f"(it could be one of {options})"
+        )
+
+
+def _check_attention_inputs(
+    layer: MultiHeadAttention,
+    x: torch.Tensor,
+    context: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> None:
+    """Shapes and dtypes only (no value is read, so this costs nothing on a GPU)."""
+    require_ndim("x", x, (2, 3), "(B, T, D) or (T, D)")
+    require_features("x", x, layer.d_model, "d_model")
+    require_dtype_of("x", x, layer.out_proj.weight, "this attention layer's weights")
+    batched = x.dim() == 3
+    src = x
+    if context is not None:
+        require_ndim("context", context, (x.dim(),),
+                     "(B, S, D), like x" if batched else "(S, D), like x")
+        require_features("context", context, layer.d_model, "d_model")
+        require_dtype_of("context", context, layer.out_proj.weight,
+                         "this attention layer's weights")
+        if batched and context.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"context has batch size {context.shape[0]} (shape {shape_of(context)}) but x "
+                f"has batch size {x.shape[0]} (shape {shape_of(x)}); they must match"
+            )
+        src = context
+    batch = x.shape[0] if batched else 1
+    scores_shape = (batch, layer.n_heads, x.shape[-2], src.shape[-2])
+    if mask is not None:
+        require_bool_mask("mask", mask)
+        require_broadcastable("mask", mask, scores_shape, _MASK_SHAPES)
+    if attention_mask is not None:
+        require_bool_mask("attention_mask", attention_mask)
+        expected = (batch, src.shape[-2]) if batched else (src.shape[-2],)
+        if tuple(attention_mask.shape) != expected:
+            raise ValueError(
+                f"attention_mask has shape {shape_of(attention_mask)} but should be "
+                f"{'(B, S)' if batched else '(S,)'} = {expected}, with True marking real keys "
+                f"(and False padding)"
+            )
+    if bias is not None:
+        require_tensor("bias", bias)
+        require_floating("bias", bias)
+        require_broadcastable("bias", bias, scores_shape, _MASK_SHAPES)

@@ -12,26 +12,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._validate import WrongTypeError, require_callable, require_int, require_positive_int
 
-def get_device(prefer: str | None = None) -> torch.device:
+COURSE_DEVICES = ("cpu", "cuda", "mps")  # the device types the course runs on
+
+
+def get_device(prefer: str | torch.device | None = None) -> torch.device:
     """Return the best available device: CUDA, then Apple's MPS, then the CPU.
 
     Args:
-        prefer: force a device (``"cpu"``, ``"cuda"``, ``"mps"``). The environment variable
-            ``COURSE_DEVICE`` does the same without editing a notebook.
+        prefer: force a device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``). The environment
+            variable ``COURSE_DEVICE`` does the same without editing a notebook.
 
     Returns:
         A ``torch.device``. Modules in course_lib never pick a device themselves: they follow
         their inputs, so call this once and move the model and data there.
+
+    Raises:
+        ValueError: for a name that is not one of cpu, cuda, mps, or a device this machine
+            does not have.
     """
+    name = "prefer" if prefer else "COURSE_DEVICE"
     choice = prefer or os.environ.get("COURSE_DEVICE")
     if choice:
-        device = torch.device(choice)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"prefer={choice!r} but CUDA is not available on this machine")
-        if device.type == "mps" and not _mps_available():
-            raise ValueError(f"prefer={choice!r} but MPS is not available on this machine")
-        return device
+        return _require_available(name, choice, _parse_device(name, choice, COURSE_DEVICES))
     if torch.cuda.is_available():
         return torch.device("cuda")
     if _mps_available():
@@ -42,6 +46,44 @@ def get_device(prefer: str | None = None) -> torch.device:
 def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())
+
+
+def _available_names() -> str:
+    return ", ".join(repr(d.type) for d in available_devices())
+
+
+def _parse_device(name: str, value: object, types: tuple[str, ...] | None) -> torch.device:
+    """``value`` (a string or a torch.device) as a torch.device whose type is in ``types``
+    (None: any type torch knows); raise a ValueError listing the valid names otherwise."""
+    if not isinstance(value, (str, torch.device)):
+        raise WrongTypeError(
+            f"{name} must be a device name such as 'cpu' or 'cuda', or a torch.device; got "
+            f"{value!r} ({type(value).__name__})"
+        )
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        device = None
+    if device is None or (types is not None and device.type not in types):
+        raise ValueError(
+            f"{name}={str(value)!r} is not a device name: use one of "
+            f"{', '.join(map(repr, COURSE_DEVICES))} (optionally with an index, e.g. "
+            f"'cuda:0'); available on this machine: {_available_names()}"
+        )
+    return device
+
+
+def _require_available(name: str, value: object, device: torch.device) -> torch.device:
+    """Raise ``ValueError`` unless this machine has ``device``."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        problem = "CUDA is not available on this machine"
+    elif device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        problem = f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+    elif device.type == "mps" and not _mps_available():
+        problem = "MPS is not available on this machine"
+    else:
+        return device
+    raise ValueError(f"{name}={str(value)!r} but {problem} (available: {_available_names()})")
 
 
 def available_devices() -> list[torch.device]:
@@ -60,8 +102,7 @@ def seed_everything(seed: int) -> None:
     Args:
         seed: any integer. For a separate random stream, use ``torch.Generator().manual_seed``.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+    seed = require_int("seed", seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
@@ -73,7 +114,7 @@ def synchronize(device: torch.device | str | None = None) -> None:
     GPU operations return as soon as they are queued; a clock read before the queue is empty
     measures almost nothing. ``None`` waits for CUDA if it is in use and for MPS if present.
     """
-    kind = None if device is None else torch.device(device).type
+    kind = None if device is None else _parse_device("device", device, None).type
     if kind in (None, "cuda") and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
     if kind in (None, "mps") and _mps_available():
@@ -100,11 +141,12 @@ def best_time(
         number: calls averaged in each measurement (more for very fast functions).
         device: the device ``fn`` runs on (None: every device in use).
     """
-    if not callable(fn):
-        raise ValueError(f"fn must be a function with no arguments, got {type(fn).__name__}")
-    for name, value in (("repeat", repeat), ("number", number)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    require_callable("fn", fn, "a function with no arguments",
+                     "wrap the call in a lambda, e.g. lambda: model(x)")
+    require_positive_int("repeat", repeat)
+    require_positive_int("number", number)
+    if device is not None:
+        _parse_device("device", device, None)
     fn()
     synchronize(device)
     times = []

@@ -1,6 +1,10 @@
-"""The pieces around attention: position-wise feed-forward, LayerNorm, residual connections.
+"""The pieces around attention: the position-wise feed-forward network and LayerNorm.
 
 Shape legend: B batch, T sequence length, D d_model, F feed-forward width.
+
+``layer_norm``/``LayerNorm`` are the teaching path: eqs. 27-28 written out. The models run
+``torch.nn.LayerNorm`` (one fused kernel instead of six), and a test proves both agree.
+Residual connections are one addition each and are written inline in the blocks.
 """
 
 from __future__ import annotations
@@ -11,7 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import require_floating, require_positive_int, require_tensor, shape_of
+from ._validate import (
+    require_choice,
+    require_dtype_of,
+    require_features,
+    require_floating,
+    require_ndim,
+    require_positive_int,
+    require_positive_number,
+    require_probability,
+    require_tensor,
+)
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
@@ -22,17 +36,17 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """Look up an activation by name: ``"relu"``, ``"gelu"`` or ``"gelu_tanh"``."""
-    if name not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {name!r}")
+    require_choice("activation", name, tuple(ACTIVATIONS))
     return ACTIVATIONS[name]
 
 
-def _require_last_dim(name: str, x: torch.Tensor, size: int, owner: str) -> None:
-    require_tensor(name, x)
-    if x.dim() == 0 or x.shape[-1] != size:
-        raise ValueError(
-            f"{name} has shape {shape_of(x)} but its last dimension should be {owner}={size}"
-        )
+def _check_input(x: object, layer: nn.Module, weight: torch.Tensor | None, d_model: int) -> None:
+    """x must be a floating (..., D) tensor of the layer's dtype."""
+    require_ndim("x", x, range(1, 9), "(..., D)")
+    require_floating("x", x)
+    require_features("x", x, d_model, "d_model")
+    if weight is not None:
+        require_dtype_of("x", x, weight, f"the {type(layer).__name__}'s weights")
 
 
 class FeedForward(nn.Module):
@@ -64,6 +78,7 @@ class FeedForward(nn.Module):
         super().__init__()
         require_positive_int("d_model", d_model)
         d_ff = 4 * d_model if d_ff is None else require_positive_int("d_ff", d_ff)
+        require_probability("dropout", dropout)
         self.activation_name = activation
         self.activation = get_activation(activation)
         self.d_model = d_model
@@ -72,7 +87,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _require_last_dim("x", x, self.d_model, "d_model")
+        _check_input(x, self, self.fc1.weight, self.d_model)
+        # W2 act(W1 h + b1) + b2
         return self.fc2(self.dropout(self.activation(self.fc1(x))))  # (..., D)
 
     def extra_repr(self) -> str:
@@ -103,6 +119,20 @@ def layer_norm(
     """
     require_tensor("x", x)
     require_floating("x", x)
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None:
+            require_tensor(name, param)
+            if param.shape != x.shape[-1:]:
+                raise ValueError(
+                    f"{name} has shape {tuple(param.shape)} but x has {x.shape[-1]} features "
+                    f"(shape {tuple(x.shape)}); {name} should have shape ({x.shape[-1]},)"
+                )
+    return _layer_norm(x, weight, bias, eps)
+
+
+def _layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
     var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), divides by D, not D-1
     out = (x - mean) / torch.sqrt(var + eps)
@@ -131,74 +161,15 @@ class LayerNorm(nn.Module):
     ) -> None:
         super().__init__()
         require_positive_int("d_model", d_model)
+        require_positive_number("eps", eps)
         self.d_model = d_model
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model)) if elementwise_affine else None
         self.bias = nn.Parameter(torch.zeros(d_model)) if elementwise_affine and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _require_last_dim("x", x, self.d_model, "d_model")
-        return layer_norm(x, self.weight, self.bias, eps=self.eps)
+        _check_input(x, self, self.weight, self.d_model)
+        return _layer_norm(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}, affine={self.weight is not None}"
-
-
-class Residual(nn.Module):
-    """A residual connection around any module: f(h) + h (eq. 29 of the notes).
-
-    Shapes:
-        forward(x: (..., D), *args, **kwargs) -> (..., D)
-    """
-
-    def __init__(self, fn: nn.Module) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        out = self.fn(x, *args, **kwargs)
-        if out.shape != x.shape:
-            raise ValueError(
-                f"a residual connection needs the sublayer to keep the shape: input {shape_of(x)}, "
-                f"sublayer output {shape_of(out)}"
-            )
-        return x + out
-
-
-class AddNorm(nn.Module):
-    """"Add & Norm" around a sublayer, in either of its two orders.
-
-    * pre-norm (``norm_first=True``, eq. 30): h + dropout(f(LN(h)))
-    * post-norm (``norm_first=False``, eq. 31, the original Transformer and BERT):
-      LN(h + dropout(f(h)))
-
-    The sublayer is passed to :meth:`forward` as a callable, so one wrapper serves attention
-    (which needs masks) and the feed-forward network alike.
-
-    Args:
-        d_model: D.
-        norm_first: pre-norm if True, post-norm if False.
-        dropout: dropout on the sublayer's output during training.
-        eps: LayerNorm's eps.
-
-    Shapes:
-        forward(x: (B, T, D), fn: (B, T, D) -> (B, T, D)) -> (B, T, D)
-    """
-
-    def __init__(
-        self, d_model: int, *, norm_first: bool = True, dropout: float = 0.0, eps: float = 1e-5
-    ) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.norm = LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(
-        self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
-        if self.norm_first:
-            return x + self.dropout(fn(self.norm(x)))
-        return self.norm(x + self.dropout(fn(x)))
-
-    def extra_repr(self) -> str:
-        return f"norm_first={self.norm_first}"

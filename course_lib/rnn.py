@@ -16,21 +16,90 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ._validate import require_floating, require_ndim, require_size, shape_of
+from ._validate import (
+    require_bool,
+    require_choice,
+    require_dtype_of,
+    require_floating,
+    require_ndim,
+    require_positive_int,
+    require_same_dtype,
+    require_size,
+    shape_of,
+)
 
-_NONLINEARITIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+_NONLINEARITIES: dict[str, Activation] = {
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
     "relu": torch.relu,
 }
 
 
-def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    if name not in _NONLINEARITIES:
-        raise ValueError(
-            f"nonlinearity must be one of {sorted(_NONLINEARITIES)}, got {name!r}"
-        )
+def _activation(name: str) -> Activation:
+    require_choice("nonlinearity", name, sorted(_NONLINEARITIES))
     return _NONLINEARITIES[name]
+
+
+# ------------------------------------------------------------------------- argument checks
+
+
+def _check_weights(W: torch.Tensor, U: torch.Tensor, b: torch.Tensor | None) -> int:
+    """Check the shapes W (H, H), U (H, Din), b (H,) or None, and that W is floating; return H."""
+    require_ndim("W", W, (2,), "(H, H)")
+    require_ndim("U", U, (2,), "(H, Din)")
+    hidden = W.shape[0]
+    require_size("W", W, 1, hidden, "W must be square: its number of rows H")
+    require_size("U", U, 0, hidden, "the hidden size H (rows of W)")
+    if b is not None:
+        require_ndim("b", b, (1,), "(H,)")
+        require_size("b", b, 0, hidden, "the hidden size H")
+    require_floating("W", W)
+    return hidden
+
+
+def _check_batch(x_name: str, x_batch: int, h_name: str, h: torch.Tensor) -> None:
+    """A batched hidden state (B, H) must have the inputs' batch size."""
+    if h.dim() == 2 and h.shape[0] != x_batch:
+        raise ValueError(
+            f"{x_name} has batch size {x_batch} but {h_name} has batch size {h.shape[0]} "
+            f"(shape {shape_of(h)})"
+        )
+
+
+def _check_step(
+    x_t: torch.Tensor, h_prev: torch.Tensor, W: torch.Tensor, U: torch.Tensor,
+    b: torch.Tensor | None,
+) -> None:
+    """The arguments of :func:`elman_step`."""
+    require_ndim("x_t", x_t, (1, 2), "(B, Din) or (Din,)")
+    require_ndim("h_prev", h_prev, (1, 2), "(B, H) or (H,)")
+    hidden = _check_weights(W, U, b)
+    require_size("x_t", x_t, -1, U.shape[1], "the input size Din (columns of U)")
+    require_size("h_prev", h_prev, -1, hidden, "the hidden size H (rows of W)")
+    if x_t.dim() == 2:
+        _check_batch("x_t", x_t.shape[0], "h_prev", h_prev)
+    require_same_dtype({"W": W, "U": U, "b": b, "x_t": x_t, "h_prev": h_prev})
+
+
+def _check_sequence(
+    x: torch.Tensor, h0: torch.Tensor | None, W: torch.Tensor, U: torch.Tensor,
+    b: torch.Tensor | None,
+) -> None:
+    """The arguments of :func:`elman_forward` (h0 may be None: zeros)."""
+    require_ndim("x", x, (2, 3), "(B, T, Din) or (T, Din)")
+    if h0 is not None:
+        require_ndim("h0", h0, (1, 2), "(B, H) or (H,)")
+    hidden = _check_weights(W, U, b)
+    require_size("x", x, -1, U.shape[1], "the input size Din (columns of U)")
+    if h0 is not None:
+        require_size("h0", h0, -1, hidden, "the hidden size H")
+        _check_batch("x", x.shape[0] if x.dim() == 3 else 1, "h0", h0)
+    require_same_dtype({"W": W, "U": U, "b": b, "x": x, "h0": h0})
+
+
+# ----------------------------------------------------------------------------- computation
 
 
 def elman_step(
@@ -54,29 +123,25 @@ def elman_step(
 
     Returns:
         h_t, shape (B, H), or (H,) when both x_t and h_prev are unbatched.
+
+    Raises:
+        ValueError: for shapes that do not fit together, or tensors of different dtypes
+            (e.g. float64 from numpy with float32 weights).
     """
     sigma = _activation(nonlinearity)
-    require_ndim("x_t", x_t, (1, 2), "(B, Din) or (Din,)")
-    require_ndim("h_prev", h_prev, (1, 2), "(B, H) or (H,)")
-    require_ndim("W", W, (2,), "(H, H)")
-    require_ndim("U", U, (2,), "(H, Din)")
-    hidden = W.shape[0]
-    require_size("W", W, 1, hidden, "W must be square: its number of rows H")
-    require_size("U", U, 0, hidden, "the hidden size H (rows of W)")
-    require_size("x_t", x_t, -1, U.shape[1], "the input size Din (columns of U)")
-    require_size("h_prev", h_prev, -1, hidden, "the hidden size H (rows of W)")
-    if x_t.dim() == 2 and h_prev.dim() == 2 and x_t.shape[0] != h_prev.shape[0]:
-        raise ValueError(
-            f"x_t has batch size {x_t.shape[0]} (shape {shape_of(x_t)}) but h_prev has batch "
-            f"size {h_prev.shape[0]} (shape {shape_of(h_prev)})"
-        )
-    if b is not None:
-        require_ndim("b", b, (1,), "(H,)")
-        require_size("b", b, 0, hidden, "the hidden size H")
-    pre = h_prev @ W.T + x_t @ U.T  # (B, H): row i is W h_i + U x_i
+    _check_step(x_t, h_prev, W, U, b)
+    return _elman_step(x_t, h_prev, W, U, b, sigma)
+
+
+def _elman_step(
+    x_t: torch.Tensor, h_prev: torch.Tensor, W: torch.Tensor, U: torch.Tensor,
+    b: torch.Tensor | None, sigma: Activation,
+) -> torch.Tensor:
+    # h_t = sigma(W h_{t-1} + U x_t + b); with row vectors W h is h @ W.T
+    pre = h_prev @ W.T + x_t @ U.T  # (B, H)
     if b is not None:
         pre = pre + b
-    return sigma(pre)
+    return sigma(pre)  # (B, H)
 
 
 def elman_forward(
@@ -103,33 +168,36 @@ def elman_forward(
 
     Returns:
         All hidden states h_1..h_T, shape (B, T, H) (or (T, H) for unbatched input).
+
+    Raises:
+        ValueError: for shapes that do not fit together or tensors of different dtypes.
     """
     sigma = _activation(nonlinearity)
-    require_ndim("x", x, (2, 3), "(B, T, Din) or (T, Din)")
-    require_ndim("W", W, (2,), "(H, H)")
-    require_ndim("U", U, (2,), "(H, Din)")
-    hidden = W.shape[0]
-    require_size("W", W, 1, hidden, "W must be square: its number of rows H")
-    require_size("U", U, 0, hidden, "the hidden size H (rows of W)")
-    require_size("x", x, -1, U.shape[1], "the input size Din (columns of U)")
+    require_ndim("h0", h0, (1, 2), "(B, H) or (H,)")
+    _check_sequence(x, h0, W, U, b)
+    return _elman_forward(x, h0, W, U, b, sigma)
+
+
+def _elman_forward(
+    x: torch.Tensor, h0: torch.Tensor | None, W: torch.Tensor, U: torch.Tensor,
+    b: torch.Tensor | None, sigma: Activation,
+) -> torch.Tensor:
+    """The loop of :func:`elman_forward` on checked arguments (h0 None means zeros)."""
     unbatched = x.dim() == 2
     if unbatched:
         x = x.unsqueeze(0)  # (1, T, Din)
-    require_ndim("h0", h0, (1, 2), "(B, H) or (H,)")
-    h = h0 if h0.dim() == 2 else h0.unsqueeze(0).expand(x.shape[0], -1)  # (B, H)
-    require_size("h0", h, -1, hidden, "the hidden size H")
-    if h.shape[0] != x.shape[0]:
-        raise ValueError(f"h0 has batch size {h.shape[0]} but x has batch size {x.shape[0]}")
-    if b is not None:
-        require_ndim("b", b, (1,), "(H,)")
-        require_size("b", b, 0, hidden, "the hidden size H")
+    batch, hidden = x.shape[0], W.shape[0]
+    if h0 is None:
+        h0 = x.new_zeros(batch, hidden)  # (B, H)
+    h = h0 if h0.dim() == 2 else h0.expand(batch, hidden)  # (B, H)
 
-    inputs = x @ U.T  # (B, T, H): the input part has no time dependence, so do it all at once
+    # U x_t + b has no time dependence: compute it for every t at once
+    inputs = x @ U.T  # (B, T, H)
     if b is not None:
         inputs = inputs + b
     states = []
     for t in range(x.shape[1]):  # the serial part
-        h = sigma(h @ W.T + inputs[:, t])  # (B, H)
+        h = sigma(h @ W.T + inputs[:, t])  # h_t = sigma(W h_{t-1} + U x_t + b), (B, H)
         states.append(h)
     out = torch.stack(states, dim=1)  # (B, T, H)
     return out.squeeze(0) if unbatched else out
@@ -153,8 +221,9 @@ class ElmanRNN(nn.Module):
     ) -> None:
         super().__init__()
         _activation(nonlinearity)
-        self.input_size = input_size
-        self.hidden_size = hidden_size
+        self.input_size = require_positive_int("input_size", input_size)
+        self.hidden_size = require_positive_int("hidden_size", hidden_size)
+        require_bool("bias", bias)
         self.nonlinearity = nonlinearity
         bound = 1.0 / math.sqrt(hidden_size)  # the same initialisation as nn.RNN
         self.W = nn.Parameter(torch.empty(hidden_size, hidden_size).uniform_(-bound, bound))
@@ -164,12 +233,19 @@ class ElmanRNN(nn.Module):
     def forward(
         self, x: torch.Tensor, h0: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        require_ndim("x", x, (2, 3), "(B, T, Din) or (T, Din)")
-        if h0 is None:
-            batch = () if x.dim() == 2 else (x.shape[0],)
-            h0 = x.new_zeros(*batch, self.hidden_size)
-        out = elman_forward(x, h0, self.W, self.U, self.b, nonlinearity=self.nonlinearity)
+        self._check_input(x, h0)
+        sigma = _NONLINEARITIES[self.nonlinearity]
+        out = _elman_forward(x, h0, self.W, self.U, self.b, sigma)  # (B, T, H)
         return out, out[..., -1, :]
+
+    def _check_input(self, x: torch.Tensor, h0: torch.Tensor | None) -> None:
+        """Shapes as in :func:`elman_forward`; x and h0 in the dtype of the weights."""
+        require_ndim("x", x, (2, 3), "(B, T, Din) or (T, Din)")
+        require_dtype_of("x", x, self.W, "the RNN's weights")
+        if h0 is not None:
+            require_ndim("h0", h0, (1, 2), "(B, H) or (H,)")
+            require_dtype_of("h0", h0, self.W, "the RNN's weights")
+        _check_sequence(x, h0, self.W, self.U, self.b)
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, nonlinearity={self.nonlinearity!r}"

@@ -5,28 +5,47 @@ One loop serves every model whose forward returns an output with a ``loss``. A b
 of keyword arguments for the model, always including ``targets``, so the loop only ever calls
 ``model(**batch).loss``:
 
-    TransformerDecoder:  {"ids": x (B, T), "targets": y (B, T)}
-    EncoderDecoder:      {"src": src (B, S), "tgt": tgt_in (B, T), "targets": tgt_out (B, T)}
+    DecoderLM:       {"ids": x (B, T), "targets": y (B, T)}
+    EncoderDecoder:  {"src": src (B, S), "tgt": tgt_in (B, T), "targets": tgt_out (B, T)}
 
 The loop asks a *batch function* (no arguments, returns one such dict) for every batch:
 :func:`lm_batches` makes one from a token stream, :func:`random_batches` from tensors of
 examples. The loop never chooses a device: it moves each batch to wherever the model is.
+
+Arguments are checked once, before the loop: the config when it is built, the model and the
+batch functions (and the first batch of each) when :func:`train` starts. The loop itself reads
+no tensor values beyond the loss it records, so on a GPU it waits for the device once a step.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._validate import require_ndim, require_positive_int, shape_of
-from .data import get_batch
+from ._validate import (
+    WrongTypeError,
+    require_bool,
+    require_callable,
+    require_int,
+    require_integer_tensor,
+    require_ndim,
+    require_non_negative_int,
+    require_non_negative_number,
+    require_positive_int,
+    require_positive_number,
+    require_probability,
+    shape_of,
+)
+from .corpus import get_batch
+from .models import DecoderLM, EncoderDecoder
 
 Batch = Mapping[str, torch.Tensor]
 BatchFn = Callable[[], Batch]
@@ -34,6 +53,31 @@ BatchFn = Callable[[], Batch]
 
 # --------------------------------------------------------------------------------------------
 # Configuration and learning-rate schedule
+
+
+def _require_betas(betas: object) -> tuple[float, float]:
+    """Adam's (beta1, beta2), each in [0, 1), as a tuple."""
+    if isinstance(betas, str) or not isinstance(betas, Sequence):
+        raise WrongTypeError(
+            f"betas must be a pair of numbers (beta1, beta2) in [0, 1) such as (0.9, 0.99), got "
+            f"{betas!r} ({type(betas).__name__})"
+        )
+    if len(betas) != 2:
+        raise ValueError(
+            f"betas must be two numbers (beta1, beta2) in [0, 1) such as (0.9, 0.99), got "
+            f"{len(betas)} value(s): {betas!r}"
+        )
+    return require_probability("betas[0]", betas[0]), require_probability("betas[1]", betas[1])
+
+
+def _require_positive_or_none(name: str, value: object, unit: str) -> None:
+    """A number > 0 (in ``unit``), for settings that also accept None (checked by the caller)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise WrongTypeError(
+            f"{name} must be a number > 0{unit} or None, got {value!r} ({type(value).__name__})"
+        )
+    if not value > 0:  # also rejects NaN
+        raise ValueError(f"{name} must be > 0{unit} or None, got {value}")
 
 
 @dataclass(frozen=True)
@@ -81,24 +125,21 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("max_iters", "eval_interval", "eval_iters"):
             require_positive_int(name, getattr(self, name))
-        if isinstance(self.warmup_iters, bool) or not isinstance(self.warmup_iters, int) or (
-            self.warmup_iters < 0
-        ):
-            raise ValueError(f"warmup_iters must be an integer >= 0, got {self.warmup_iters!r}")
+        require_non_negative_int("warmup_iters", self.warmup_iters)
         if self.lr_decay_iters is not None:
             require_positive_int("lr_decay_iters", self.lr_decay_iters)
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.min_lr <= self.lr:
+        require_positive_number("lr", self.lr)
+        require_non_negative_number("min_lr", self.min_lr)
+        if not self.min_lr <= self.lr:
             raise ValueError(f"min_lr must be between 0 and lr={self.lr}, got {self.min_lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
-        if self.time_budget is not None and not self.time_budget > 0:
-            raise ValueError(f"time_budget must be > 0 seconds or None, got {self.time_budget}")
+        require_non_negative_number("weight_decay", self.weight_decay)
+        object.__setattr__(self, "betas", _require_betas(self.betas))  # a list becomes a tuple
+        if self.grad_clip is not None:
+            _require_positive_or_none("grad_clip", self.grad_clip, "")
+        if self.seed is not None:
+            require_int("seed", self.seed)
+        if self.time_budget is not None:
+            _require_positive_or_none("time_budget", self.time_budget, " seconds")
 
     def lr_at(self, step: int, decay_iters: int | None = None) -> float:
         """The learning rate of update ``step`` (0-based) under this config's schedule."""
@@ -121,6 +162,16 @@ def lr_schedule(
     Returns:
         The learning rate, a float.
     """
+    require_non_negative_int("step", step)
+    require_positive_number("lr", lr)
+    require_non_negative_number("min_lr", min_lr)
+    require_non_negative_int("warmup_iters", warmup_iters)
+    require_positive_int("decay_iters", decay_iters)
+    return _lr_at(step, lr, min_lr, warmup_iters, decay_iters)
+
+
+def _lr_at(step: int, lr: float, min_lr: float, warmup_iters: int, decay_iters: int) -> float:
+    """:func:`lr_schedule` without the checks (the training loop calls it every update)."""
     if step < warmup_iters:
         return lr * (step + 1) / warmup_iters
     if step >= decay_iters - 1:
@@ -142,6 +193,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         ``[{"params": decayed, "weight_decay": weight_decay}, {"params": rest,
         "weight_decay": 0.0}]``, each parameter once.
     """
+    _require_module(model)
+    require_non_negative_number("weight_decay", weight_decay)
     embedding_ids = {
         id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)
     }
@@ -157,8 +210,39 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """The AdamW optimizer :func:`train` uses: :func:`param_groups`, ``config.lr`` and
+    ``config.betas``.
+
+    On a CPU or a CUDA GPU it is PyTorch's fused AdamW, which updates every parameter in one
+    kernel call instead of about ten small operations per parameter tensor; it computes the
+    same update (a test checks it against the default implementation).
+    """
+    fused = _model_device(model).type in ("cpu", "cuda")
+    return torch.optim.AdamW(
+        param_groups(model, config.weight_decay), lr=config.lr, betas=config.betas,
+        fused=fused or None,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Batch functions
+
+
+def _require_generator(generator: object) -> None:
+    """None, or a CPU torch.Generator (the batch functions draw their indices on the CPU)."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise WrongTypeError(
+            f"generator must be a torch.Generator or None, got {generator!r} "
+            f"({type(generator).__name__}); for a seed s use torch.Generator().manual_seed(s)"
+        )
+    if generator.device.type != "cpu":
+        raise ValueError(
+            f"generator must be a CPU torch.Generator, got one on {generator.device}: batches "
+            "are drawn on the CPU and moved to the model's device by train()"
+        )
 
 
 def lm_batches(
@@ -177,9 +261,12 @@ def lm_batches(
 
     Returns:
         A function returning ``{"ids": x, "targets": y}`` with x, y (B, T) from
-        :func:`course_lib.data.get_batch`.
+        :func:`course_lib.corpus.get_batch`.
     """
     require_ndim("data", data, (1,), "(N,) (one long token stream)")
+    require_integer_tensor("data", data, "token ids")
+    require_positive_int("batch_size", batch_size)
+    _require_generator(generator)
     get_batch(data[: block_size + 1], 1, block_size)  # fail now, not at the first step
 
     def batch() -> dict[str, torch.Tensor]:
@@ -206,16 +293,23 @@ def random_batches(
     Returns:
         A function returning a dict with the same keys, each value (B, ...).
     """
-    if not isinstance(tensors, Mapping) or not tensors:
-        raise ValueError(
-            "tensors must be a non-empty dict of name -> (N, ...) tensor, e.g. "
+    if not isinstance(tensors, Mapping):
+        raise WrongTypeError(
+            "tensors must be a dict of name -> (N, ...) tensor, e.g. "
             f"{{'ids': inputs, 'targets': targets}}; got {type(tensors).__name__}"
         )
+    if not tensors:
+        raise ValueError("tensors is an empty dict: give at least one name -> (N, ...) tensor")
     require_positive_int("batch_size", batch_size)
+    _require_generator(generator)
     sizes = {}
     for name, value in tensors.items():
-        if not isinstance(value, torch.Tensor) or value.dim() == 0:
-            raise ValueError(f"tensors[{name!r}] must be a tensor of shape (N, ...)")
+        if not isinstance(value, torch.Tensor):
+            raise WrongTypeError(
+                f"tensors[{name!r}] must be a torch.Tensor of shape (N, ...), got "
+                f"{type(value).__name__}; convert it with torch.as_tensor(...)"
+            )
+        require_ndim(f"tensors[{name!r}]", value, range(1, 100), "(N, ...), one row per example")
         sizes[name] = value.shape[0]
     if len(set(sizes.values())) != 1:
         shapes = {name: shape_of(value) for name, value in tensors.items()}
@@ -283,13 +377,70 @@ class TrainHistory:
 
 
 # --------------------------------------------------------------------------------------------
-# The loop
+# Checks, done once before the loop
+
+
+def _require_module(model: object) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise WrongTypeError(
+            f"model must be a torch.nn.Module (a course_lib model such as DecoderLM, or any module "
+            f"whose model(**batch).loss is a scalar loss), got {type(model).__name__}"
+        )
+    return model
 
 
 def _model_device(model: nn.Module) -> torch.device:
     for tensor in model.parameters():
         return tensor.device
-    raise ValueError("model has no parameters to train")
+    raise ValueError(f"model ({type(model).__name__}) has no parameters to train")
+
+
+def _require_batch_fn(name: str, fn: object) -> None:
+    """A function that can be called with no arguments."""
+    require_callable(
+        name, fn, "a function that returns a batch (a dict)",
+        "wrap data with lm_batches(...) or random_batches(...)",
+    )
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        raise WrongTypeError(
+            f"{name} must be a function taking no arguments that returns a batch, but it takes "
+            f"{inspect.signature(fn)}; use lm_batches(...) or random_batches(...), or a lambda"
+        ) from None
+    except ValueError:  # no signature to read (some built-ins): find out when it is called
+        pass
+
+
+def _check_train_args(
+    model: object,
+    train_batches: object,
+    config: object,
+    val_batches: object,
+    progress: object,
+    desc: object,
+) -> TrainConfig:
+    """Everything :func:`train` can check before it draws a batch; returns the config."""
+    config = TrainConfig() if config is None else config
+    if not isinstance(config, TrainConfig):
+        raise TypeError(
+            f"config must be a TrainConfig, got {type(config).__name__}; build one with "
+            "TrainConfig(max_iters=..., lr=...)"
+        )
+    _require_module(model)
+    _model_device(model)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"model ({type(model).__name__}) has no trainable parameters: every one has "
+            "requires_grad=False"
+        )
+    _require_batch_fn("train_batches", train_batches)
+    if val_batches is not None:
+        _require_batch_fn("val_batches", val_batches)
+    require_bool("progress", progress)
+    if not isinstance(desc, str):
+        raise WrongTypeError(f"desc must be a string (the progress bar's label), got {desc!r}")
+    return config
 
 
 def _check_batch(batch: object, where: str, model: nn.Module) -> None:
@@ -298,7 +449,7 @@ def _check_batch(batch: object, where: str, model: nn.Module) -> None:
         what = type(batch).__name__
         if isinstance(batch, tuple | list):
             what = f"a {what} of {len(batch)} items"
-        raise ValueError(
+        raise WrongTypeError(
             f"{where} must return a dict of keyword arguments for the model, such as "
             f"{{'ids': x, 'targets': y}}, but returned {what}. For (x, y) pairs from get_batch "
             f"use lm_batches(...) or return dict(ids=x, targets=y)"
@@ -315,6 +466,47 @@ def _check_batch(batch: object, where: str, model: nn.Module) -> None:
             f"{where} returned keys {sorted(batch)}, which do not match "
             f"{type(model).__name__}.forward{inspect.signature(model.forward)}: {err}"
         ) from None
+    _check_batch_values(batch, where, model)
+
+
+# The inputs of course_lib's language models that hold token ids (class indices for targets)
+_TOKEN_ID_KEYS = ("ids", "src", "tgt", "targets")
+
+
+def _check_batch_values(batch: Batch, where: str, model: nn.Module) -> None:
+    """course_lib's language models take token ids as integer tensors.
+
+    Only types and dtypes are read, never values, so this costs no device sync. A model of
+    one's own may take anything (float targets for a regression, ...), so it is left alone.
+    """
+    if not isinstance(model, DecoderLM | EncoderDecoder):
+        return
+    for name in _TOKEN_ID_KEYS:
+        if name not in batch:
+            continue
+        value = batch[name]
+        if not isinstance(value, torch.Tensor):
+            raise WrongTypeError(
+                f"{where} returned {name!r} as a {type(value).__name__}, but "
+                f"{type(model).__name__} needs a torch.Tensor of token ids; convert it with "
+                "torch.as_tensor(...)"
+            )
+        what = "class indices (the next token ids)" if name == "targets" else "token ids"
+        require_integer_tensor(f"{where}[{name!r}]", value, what)
+
+
+def _first_batch(model: nn.Module, train_batches: BatchFn, val_batches: BatchFn | None) -> Batch:
+    """Draw the first training batch and check it (and one validation batch) once, so the
+    loop itself never has to check anything."""
+    first = train_batches()
+    _check_batch(first, "train_batches()", model)
+    if val_batches is not None:
+        _check_batch(val_batches(), "val_batches()", model)
+    return first
+
+
+# --------------------------------------------------------------------------------------------
+# The loop
 
 
 def _to_device(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
@@ -325,26 +517,30 @@ def _to_device(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def _loss_of(model: nn.Module, batch: Batch) -> torch.Tensor:
-    loss = getattr(model(**batch), "loss", None)
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        raise ValueError(
-            f"model(**batch) must return an output whose .loss is a scalar tensor, got "
-            f"{type(loss).__name__}{'' if loss is None else ' ' + shape_of(loss)}"
-        )
+    out = model(**batch)
+    loss = getattr(out, "loss", None)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:  # type and shape only: no sync
+        raise _bad_loss(model, out, loss)
     return loss
 
 
-@torch.no_grad()
-def estimate_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
-    """Mean loss over ``iters`` batches with the model in eval mode (no dropout) and no
-    gradients; the model's mode is restored afterwards.
+def _bad_loss(model: nn.Module, out: object, loss: object) -> Exception:
+    """The error for a model whose output has no scalar ``.loss``."""
+    expected = "model(**batch) must return an output whose .loss is a scalar (0-D) tensor"
+    name = type(model).__name__
+    if isinstance(loss, torch.Tensor):
+        return ValueError(
+            f"{expected}, but {name}'s .loss has shape {shape_of(loss)}; average it with .mean()"
+        )
+    what = "has no .loss" if not hasattr(out, "loss") else f"has .loss = {loss!r:.60}"
+    return WrongTypeError(
+        f"{expected}, but {name} returned a {type(out).__name__} that {what}; return e.g. "
+        "SimpleNamespace(logits=logits, loss=loss)"
+    )
 
-    Args:
-        model: any model whose ``model(**batch).loss`` is the mean loss of a batch.
-        batches: a batch function.
-        iters: number of batches to average.
-    """
-    require_positive_int("iters", iters)
+
+@torch.no_grad()
+def _mean_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
     device = _model_device(model)
     was_training = model.training
     model.eval()
@@ -357,6 +553,21 @@ def estimate_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
     return total / iters
 
 
+def estimate_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
+    """Mean loss over ``iters`` batches with the model in eval mode (no dropout) and no
+    gradients; the model's mode is restored afterwards.
+
+    Args:
+        model: any model whose ``model(**batch).loss`` is the mean loss of a batch.
+        batches: a batch function.
+        iters: number of batches to average.
+    """
+    _model_device(_require_module(model))
+    _require_batch_fn("batches", batches)
+    require_positive_int("iters", iters)
+    return _mean_loss(model, batches, iters)
+
+
 def _planned_updates(
     done: int, now: float, deadline: float, step_s: float, eval_s: float, config: TrainConfig
 ) -> int:
@@ -366,6 +577,100 @@ def _planned_updates(
     per_update = step_s + eval_s / config.eval_interval
     more = max(int(left / per_update), 0) if per_update > 0 else config.max_iters
     return min(done + more, config.max_iters)
+
+
+class _Run:
+    """The bookkeeping of one :func:`train` call, kept out of the loop: the history, the
+    progress bar, evaluations, and the time budget (how many updates fit, and so over how
+    many updates the cosine decays)."""
+
+    def __init__(
+        self, model: nn.Module, train_batches: BatchFn, val_batches: BatchFn | None,
+        config: TrainConfig, progress: bool, desc: str, clock_start: float,
+    ) -> None:
+        self.model, self.config = model, config
+        self.batches = {"train": train_batches, "val": val_batches}
+        self.history = TrainHistory()
+        self.clock_start = clock_start
+        budget = config.time_budget
+        self.deadline = None if budget is None else clock_start + budget
+        self.planned = config.max_iters  # updates to do; with a time budget, re-estimated
+        self.decay_iters = config.lr_decay_iters or config.max_iters
+        self.eval_s = 0.0  # how long the last evaluation took
+        self.bar = tqdm(total=self.planned, desc=desc, disable=not progress, leave=True)
+        self.postfix: dict[str, str] = {}
+
+    def evaluate(self, done: int) -> None:
+        """Mean train (and validation) loss over eval_iters batches, after ``done`` updates."""
+        started, history, iters = time.perf_counter(), self.history, self.config.eval_iters
+        history.eval_steps.append(done)
+        history.eval_train_losses.append(_mean_loss(self.model, self.batches["train"], iters))
+        if self.batches["val"] is not None:
+            history.val_losses.append(_mean_loss(self.model, self.batches["val"], iters))
+            self.postfix["val"] = f"{history.val_losses[-1]:.3f}"
+        self.eval_s = time.perf_counter() - started
+
+    def record(
+        self, step: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor, started: float
+    ) -> None:
+        """Log update ``step`` (1-based): its loss, learning rate, gradient norm and time."""
+        loss_value = loss.item()  # waits for the device: the step's time is now complete
+        history = self.history
+        history.step_times.append(time.perf_counter() - started)
+        history.train_time_s += history.step_times[-1]
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(
+                f"the loss became {loss_value} at update {step}: training diverged. Try a "
+                f"lower lr (this update used {lr:.2e}) or a smaller grad_clip"
+            )
+        history.steps.append(step)
+        history.train_losses.append(loss_value)
+        history.lrs.append(lr)
+        history.grad_norms.append(float(grad_norm))
+        self.postfix["loss"] = f"{loss_value:.3f}"
+        self.bar.set_postfix(self.postfix, refresh=False)
+        self.bar.update(1)
+
+    def out_of_time(self) -> bool:
+        """Whether one more evaluation would overrun the time budget."""
+        return self.deadline is not None and time.perf_counter() + self.eval_s > self.deadline
+
+    def evaluate_if_due(self, step: int) -> bool:
+        """Evaluate every eval_interval updates, after the last one, and when time is up.
+
+        Returns:
+            True when training must stop because the time budget is spent.
+        """
+        out_of_time = self.out_of_time()
+        if step % self.config.eval_interval == 0 or step >= self.planned or out_of_time:
+            self.evaluate(step)
+            self.bar.set_postfix(self.postfix)
+        return out_of_time
+
+    def replan(self, step: int) -> None:
+        """With a time budget, re-estimate how many updates fit, once the speed is measured,
+        and stretch the cosine over them."""
+        if self.deadline is None or step < min(20, self.config.eval_interval):
+            return
+        # The speed of the last 50 updates, so a machine that slows down (or speeds up) on
+        # the way still ends its cosine when the budget runs out.
+        recent = self.history.step_times[-50:]
+        step_s = sum(recent) / len(recent)
+        now = time.perf_counter()
+        planned = _planned_updates(step, now, self.deadline, step_s, self.eval_s, self.config)
+        self.planned = self.decay_iters = max(planned, step)
+        self.bar.total = self.planned
+
+    def finish(self, step: int) -> None:
+        """The final evaluation (unless the last update just had one), and why training stopped."""
+        if self.history.eval_steps[-1] != step:
+            self.evaluate(step)
+        if self.deadline is not None and step < self.config.max_iters:
+            self.history.stopped_by = "time_budget"  # the clock, not max_iters, set the length
+
+    def close(self) -> None:
+        self.bar.close()
+        self.history.elapsed_s = time.perf_counter() - self.clock_start
 
 
 def train(
@@ -394,113 +699,39 @@ def train(
     Returns:
         A :class:`TrainHistory`. The model is left in the mode (train/eval) it came in.
     """
-    config = TrainConfig() if config is None else config
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    for name, fn in (("train_batches", train_batches), ("val_batches", val_batches)):
-        if fn is not None and not callable(fn):
-            raise ValueError(
-                f"{name} must be a function that returns a batch (a dict), got "
-                f"{type(fn).__name__}; wrap data with lm_batches(...) or random_batches(...)"
-            )
+    config = _check_train_args(model, train_batches, config, val_batches, progress, desc)
     if config.seed is not None:
         torch.manual_seed(config.seed)
     device = _model_device(model)
-    fused = {"fused": True} if device.type == "cuda" else {}  # one kernel for all parameters
-    optimizer = torch.optim.AdamW(
-        param_groups(model, config.weight_decay), lr=config.lr, betas=config.betas, **fused
-    )
-    history = TrainHistory()
+    optimizer = make_optimizer(model, config)
+    # clip_grad_norm_ returns the norm *before* clipping: with inf it only measures it
+    max_norm = config.grad_clip if config.grad_clip is not None else math.inf
     was_training = model.training
-    clock_start = time.perf_counter()
-    deadline = None if config.time_budget is None else clock_start + config.time_budget
-    planned = config.max_iters  # updates to do; with a time budget, re-estimated on the way
-    decay_iters = config.lr_decay_iters or config.max_iters
-    eval_s = 0.0
-
-    def evaluate(done: int) -> None:
-        nonlocal eval_s
-        started = time.perf_counter()
-        history.eval_steps.append(done)
-        history.eval_train_losses.append(estimate_loss(model, train_batches, config.eval_iters))
-        if val_batches is not None:
-            history.val_losses.append(estimate_loss(model, val_batches, config.eval_iters))
-        eval_s = time.perf_counter() - started
-
-    def replan(done: int) -> None:
-        nonlocal planned, decay_iters
-        # The speed of the last 50 updates, so a machine that slows down (or speeds up) on
-        # the way still ends its cosine when the budget runs out.
-        recent = history.step_times[-50:]
-        step_s = sum(recent) / len(recent)
-        planned = max(
-            _planned_updates(done, time.perf_counter(), deadline, step_s, eval_s, config), done
-        )
-        decay_iters = planned  # stretch the cosine over the updates that fit
-        bar.total = planned
-
-    first = train_batches()
-    _check_batch(first, "train_batches()", model)
-    if val_batches is not None:
-        _check_batch(val_batches(), "val_batches()", model)
-
-    bar = tqdm(total=planned, desc=desc, disable=not progress, leave=True)
+    clock_start = time.perf_counter()  # a time budget counts from here
+    first = _first_batch(model, train_batches, val_batches)  # drawn and checked once
+    run = _Run(model, train_batches, val_batches, config, progress, desc, clock_start)
     try:
         model.train()
-        evaluate(0)
-        postfix = {}
-        if val_batches is not None:
-            postfix["val"] = f"{history.val_losses[-1]:.3f}"
+        run.evaluate(0)
         step = 0
-        while step < planned:
+        while step < run.planned:
             started = time.perf_counter()
             batch = first if step == 0 else train_batches()
-            lr = lr_schedule(
-                step, lr=config.lr, min_lr=config.min_lr, warmup_iters=config.warmup_iters,
-                decay_iters=decay_iters,
-            )
+            lr = _lr_at(step, config.lr, config.min_lr, config.warmup_iters, run.decay_iters)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss = _loss_of(model, _to_device(batch, device))
+            loss = _loss_of(model, _to_device(batch, device))  # forward pass and loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            # clip_grad_norm_ returns the norm *before* clipping: record it either way
-            max_norm = config.grad_clip if config.grad_clip is not None else math.inf
             grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             optimizer.step()
-            loss_value = loss.item()  # waits for the device: the step's time is now complete
-            history.step_times.append(time.perf_counter() - started)
-            history.train_time_s += history.step_times[-1]
             step += 1
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(
-                    f"the loss became {loss_value} at update {step}: training diverged. Try a "
-                    f"lower lr (this update used {lr:.2e}) or a smaller grad_clip"
-                )
-            history.steps.append(step)
-            history.train_losses.append(loss_value)
-            history.lrs.append(lr)
-            history.grad_norms.append(float(grad_norm))
-            postfix["loss"] = f"{loss_value:.3f}"
-            bar.set_postfix(postfix, refresh=False)
-            bar.update(1)
-
-            out_of_time = deadline is not None and time.perf_counter() + eval_s > deadline
-            if step % config.eval_interval == 0 or step >= planned or out_of_time:
-                evaluate(step)
-                if val_batches is not None:
-                    postfix["val"] = f"{history.val_losses[-1]:.3f}"
-                bar.set_postfix(postfix)
-                if out_of_time:
-                    break
-            if deadline is not None and step >= min(20, config.eval_interval):
-                replan(step)  # re-estimate after every update, once the speed is measured
-        if history.eval_steps[-1] != step:
-            evaluate(step)
-        if deadline is not None and step < config.max_iters:
-            history.stopped_by = "time_budget"  # the clock, not max_iters, set the length
+            run.record(step, loss, lr, grad_norm, started)
+            if run.evaluate_if_due(step):
+                break  # the time budget is spent
+            run.replan(step)  # with a time budget: how many updates still fit
+        run.finish(step)
     finally:
-        bar.close()
+        run.close()
         model.train(was_training)
-        history.elapsed_s = time.perf_counter() - clock_start
-    return history
+    return run.history

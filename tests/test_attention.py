@@ -158,7 +158,7 @@ def test_mha_self_attention_matches_torch(device):
     ours, ref = _reference_mha()
     ours, ref = ours.to(device), ref.to(device)
     x = torch.randn(3, 7, 16, device=device)
-    out, weights = ours(x, need_weights=True)
+    out, weights = ours(x, return_weights=True)
     ref_out, ref_weights = ref(x, x, x, need_weights=True, average_attn_weights=False)
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(weights, ref_weights, **TOL)
@@ -174,7 +174,7 @@ def test_mha_cross_attention_matches_torch(device):
     ours, ref = ours.to(device), ref.to(device)
     x = torch.randn(2, 4, 16, device=device)
     memory = torch.randn(2, 9, 16, device=device)
-    out, weights = ours(x, memory, need_weights=True)
+    out, weights = ours(x, memory, return_weights=True)
     ref_out, ref_weights = ref(x, memory, memory, average_attn_weights=False)
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(weights, ref_weights, **TOL)
@@ -193,19 +193,19 @@ def test_mha_masks_match_torch(device):
         x, x, x, key_padding_mask=~keep, attn_mask=~future, average_attn_weights=False
     )  # PyTorch's masks mark positions to *block*
     for need_weights in (True, False):
-        out, weights = ours(x, key_padding_mask=keep, is_causal=True, need_weights=need_weights)
+        out, weights = ours(x, attention_mask=keep, is_causal=True, return_weights=need_weights)
         torch.testing.assert_close(out, ref_out, **TOL)
         if need_weights:
             torch.testing.assert_close(weights, ref_weights, **TOL)
     # an explicit mask argument is the same as is_causal=True
-    out, _ = ours(x, mask=future, key_padding_mask=keep)
+    out, _ = ours(x, mask=future, attention_mask=keep)
     torch.testing.assert_close(out, ref_out, **TOL)
 
 
 def test_mha_unbatched_input():
     ours, ref = _reference_mha(seed=3)
     x = torch.randn(5, 16)
-    out, weights = ours(x, need_weights=True)
+    out, weights = ours(x, return_weights=True)
     ref_out, ref_weights = ref(x, x, x, average_attn_weights=False)
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(weights, ref_weights, **TOL)
@@ -216,10 +216,10 @@ def test_mha_bias_is_added_to_scores():
     x = torch.randn(2, 5, 16)
     bias = torch.zeros(4, 5, 5)
     bias[:, :, 0] = 50.0  # every query should look (almost) only at key 0
-    _, weights = ours(x, bias=bias, need_weights=True)
+    _, weights = ours(x, bias=bias, return_weights=True)
     assert (weights[..., 0] > 0.99).all()
     fused, _ = ours(x, bias=bias, is_causal=True)
-    math_out, _ = ours(x, bias=bias, is_causal=True, need_weights=True)
+    math_out, _ = ours(x, bias=bias, is_causal=True, return_weights=True)
     torch.testing.assert_close(fused, math_out, **TOL)
 
 

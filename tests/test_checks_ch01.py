@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_lib.checks import CheckFailure
-from course_lib.checks.ch01 import check_elman_forward, check_elman_step, check_gradient_norms
+from course_lib.course.checks import CheckFailure
+from course_lib.course.checks.ch01 import (
+    check_elman_forward,
+    check_elman_step,
+    check_gradient_norms,
+)
 
 # --------------------------------------------------------------------------------- elman_step
 

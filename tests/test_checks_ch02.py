@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import attention
-from course_lib.checks import CheckFailure
-from course_lib.checks.ch02 import (
+from course_lib.course.checks import CheckFailure
+from course_lib.course.checks.ch02 import (
     attention_layer,
     check_attention_weights,
     check_is_permutation_equivariant,
@@ -102,19 +102,19 @@ def test_attention_weights_stub_propagates():
 
 
 def self_attention_matmul(X, W_q, W_k, W_v):
-    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    Q, K, V = X @ W_q.T, X @ W_k.T, X @ W_v.T
     A = torch.softmax(Q @ K.T / math.sqrt(K.shape[-1]), dim=-1)
     return A @ V
 
 
 def self_attention_loop(X, W_q, W_k, W_v):
-    """Eqs 7-8 of the notes, one query at a time."""
-    d_k = W_k.shape[1]
-    keys = [x @ W_k for x in X]
-    values = [x @ W_v for x in X]
+    """Eqs 7-8 of the notes, one query at a time, with the notes' column form q = W_q x."""
+    d_k = W_k.shape[0]
+    keys = [W_k @ x for x in X]
+    values = [W_v @ x for x in X]
     outputs = []
     for x in X:
-        q = x @ W_q
+        q = W_q @ x
         scores = torch.stack([q @ k for k in keys]) / math.sqrt(d_k)
         weights = torch.softmax(scores, dim=0)
         outputs.append(sum(w * v for w, v in zip(weights, values, strict=True)))
@@ -122,27 +122,48 @@ def self_attention_loop(X, W_q, W_k, W_v):
 
 
 def self_attention_einsum(X, W_q, W_k, W_v):
-    Q = torch.einsum("ti,ik->tk", X, W_q)
-    K = torch.einsum("ti,ik->tk", X, W_k)
-    V = torch.einsum("ti,iv->tv", X, W_v)
-    A = attention.softmax(torch.einsum("tk,sk->ts", Q, K) / W_q.shape[1] ** 0.5)
+    Q = torch.einsum("ti,ki->tk", X, W_q)
+    K = torch.einsum("ti,ki->tk", X, W_k)
+    V = torch.einsum("ti,vi->tv", X, W_v)
+    A = attention.softmax(torch.einsum("tk,sk->ts", Q, K) / W_q.shape[0] ** 0.5)
     return torch.einsum("ts,sv->tv", A, V)
 
 
 def self_attention_library(X, W_q, W_k, W_v):
-    out, _ = attention.scaled_dot_product_attention(X @ W_q, X @ W_k, X @ W_v)
+    out, _ = attention.scaled_dot_product_attention(X @ W_q.T, X @ W_k.T, X @ W_v.T)
     return out
 
 
+def self_attention_linear(X, W_q, W_k, W_v):
+    """nn.functional.linear(X, W) is X @ W.T: the layout of the exercise."""
+    out, _ = attention.scaled_dot_product_attention(F.linear(X, W_q), F.linear(X, W_k),
+                                                    F.linear(X, W_v))
+    return out
+
+
+def self_attention_nn_linear(X, W_q, W_k, W_v):
+    """Weights copied into nn.Linear layers, as a checkpoint would be loaded."""
+    layers = []
+    for W in (W_q, W_k, W_v):
+        layer = torch.nn.Linear(W.shape[1], W.shape[0], bias=False)
+        with torch.no_grad():
+            layer.weight.copy_(W)
+        layers.append(layer)
+    with torch.no_grad():
+        Q, K, V = (layer(X) for layer in layers)
+    return torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1) @ V
+
+
 @pytest.mark.parametrize("fn", [self_attention_matmul, self_attention_loop,
-                                self_attention_einsum, self_attention_library])
+                                self_attention_einsum, self_attention_library,
+                                self_attention_linear, self_attention_nn_linear])
 def test_self_attention_accepts_correct_answers(fn, capsys):
     check_self_attention(fn)
     assert "self_attention is correct" in capsys.readouterr().out
 
 
 def _sa(X, W_q, W_k, W_v, *, scale=None, dim=-1):
-    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    Q, K, V = X @ W_q.T, X @ W_k.T, X @ W_v.T
     scale = 1 / math.sqrt(K.shape[-1]) if scale is None else scale
     return torch.softmax(Q @ K.T * scale, dim=dim), V
 
@@ -153,11 +174,13 @@ WRONG_SELF_ATTENTION = {
     "returns (out, weights)": (
         lambda X, W_q, W_k, W_v: (lambda A, V: (A @ V, A))(*_sa(X, W_q, W_k, W_v)),
         "not a tuple"),
-    "X @ W.T": (lambda X, W_q, W_k, W_v: self_attention_matmul(X, W_q.T, W_k.T, W_v.T),
-                "transposed weights"),
-    "nn.functional.linear": (
-        lambda X, W_q, W_k, W_v: self_attention_library_linear(X, W_q, W_k, W_v),
-        "transposed weights"),
+    "X @ W (untransposed)": (
+        lambda X, W_q, W_k, W_v: self_attention_matmul(X, W_q.T, W_k.T, W_v.T),
+        r"without transposing them \(X @ W\).*nn\.Linear\.weight"),
+    "X @ W, through the library": (
+        lambda X, W_q, W_k, W_v: attention.scaled_dot_product_attention(
+            X @ W_q, X @ W_k, X @ W_v)[0],
+        r"without transposing them \(X @ W\)"),
     "X as the values": (lambda X, W_q, W_k, W_v: _sa(X, W_q, W_k, W_v)[0] @ X,
                         "averaged the inputs X"),
     "no scaling": (lambda X, W_q, W_k, W_v: (lambda A, V: A @ V)(*_sa(X, W_q, W_k, W_v,
@@ -174,15 +197,9 @@ WRONG_SELF_ATTENTION = {
               "transposed"),
     "naive softmax overflows": (
         lambda X, W_q, W_k, W_v: (lambda e, V: e / e.sum(-1, keepdim=True) @ V)(
-            torch.exp((X @ W_q) @ (X @ W_k).T / math.sqrt(W_k.shape[1])), X @ W_v),
+            torch.exp((X @ W_q.T) @ (X @ W_k.T).T / math.sqrt(W_k.shape[0])), X @ W_v.T),
         "NaN or inf"),
 }
-
-
-def self_attention_library_linear(X, W_q, W_k, W_v):
-    out, _ = attention.scaled_dot_product_attention(F.linear(X, W_q), F.linear(X, W_k),
-                                                    F.linear(X, W_v))
-    return out
 
 
 @pytest.mark.parametrize("name", list(WRONG_SELF_ATTENTION))
@@ -192,15 +209,31 @@ def test_self_attention_rejects_misconceptions(name):
         check_self_attention(fn)
 
 
-def test_self_attention_transposed_weights_get_the_convention_hint_on_non_square_weights(
-        monkeypatch):
-    """On non-square weights alone, X @ W.T crashes; the message states the convention."""
-    from course_lib.checks import ch02
+def test_self_attention_cases_include_square_weights():
+    """X @ W only runs on square weights: there the mistake must be caught by its values."""
+    from course_lib.course.checks import ch02
 
-    non_square = ch02._self_attention_cases(seed=22)[1:]
+    square = [c for c in ch02._self_attention_cases(seed=22)
+              if all(w.shape[0] == w.shape[1] for w in c.args[1:])]
+    assert len(square) >= 2
+    for case in square:
+        x, w_q, w_k, w_v = case.args
+        right = self_attention_matmul(x, w_q, w_k, w_v)
+        wrong = self_attention_matmul(x, w_q.T, w_k.T, w_v.T)
+        assert (right - wrong).abs().max() > 1e-2
+
+
+def test_self_attention_untransposed_weights_get_the_layout_hint_on_non_square_weights(
+        monkeypatch):
+    """On non-square weights alone, X @ W crashes; the message states the layout."""
+    from course_lib.course.checks import ch02
+
+    non_square = [c for c in ch02._self_attention_cases(seed=22)
+                  if any(w.shape[0] != w.shape[1] for w in c.args[1:])]
     monkeypatch.setattr(ch02, "_self_attention_cases", lambda seed: non_square)
-    with pytest.raises(CheckFailure, match=r"Q = X @ W_q.*without transposing"):
-        check_self_attention(WRONG_SELF_ATTENTION["X @ W.T"][0])
+    with pytest.raises(CheckFailure, match=r"(?s)raised RuntimeError.*nn\.Linear\.weight.*"
+                                           r"W_q is \(d_k, d_in\).*Q = X @ W_q\.T"):
+        check_self_attention(WRONG_SELF_ATTENTION["X @ W (untransposed)"][0])
 
 
 def test_self_attention_stub_propagates():
@@ -363,7 +396,7 @@ def test_equivariance_stub_propagates():
 
 
 def _rounding_case():
-    from course_lib.checks.ch02 import _equivariance_cases
+    from course_lib.course.checks.ch02 import _equivariance_cases
 
     return next(c for c in _equivariance_cases(seed=24) if "rounding" in c.name)
 

@@ -12,8 +12,12 @@ import pytest
 import torch
 
 from course_lib import positions
-from course_lib.checks import CheckFailure
-from course_lib.checks.ch03 import check_alibi_bias, check_apply_rope, check_sinusoidal_encoding
+from course_lib.course.checks import CheckFailure
+from course_lib.course.checks.ch03 import (
+    check_alibi_bias,
+    check_apply_rope,
+    check_sinusoidal_encoding,
+)
 
 
 def _stub(*args, **kwargs):

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import EncoderBlock, count_parameters
-from course_lib.checks import CheckFailure
-from course_lib.checks.ch04 import (
+from course_lib.course.checks import CheckFailure
+from course_lib.course.checks.ch04 import (
     check_block_parameter_count,
     check_collapse_two_layers,
     check_feed_forward,

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import attention
-from course_lib.checks import CheckFailure
-from course_lib.checks.ch05 import (
+from course_lib.course.checks import CheckFailure
+from course_lib.course.checks.ch05 import (
     causal_layer,
     causal_with_rounding_noise,
     check_causal_mask,
@@ -428,7 +428,7 @@ def test_the_probed_functions_have_the_dependences_their_docstrings_claim():
 
 
 def test_building_the_probed_layers_leaves_the_global_random_stream_alone():
-    from course_lib.checks import ch05
+    from course_lib.course.checks import ch05
 
     ch05._probe_layers.cache_clear()
     torch.manual_seed(123)

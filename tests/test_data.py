@@ -10,30 +10,19 @@ import string
 import pytest
 import torch
 
-from course_lib.data import (
+from course_lib.configs import DecoderConfig, EncoderDecoderConfig
+from course_lib.corpus import (
     DEFAULT_PLAYS,
-    CharTokenizer,
     convert_play,
-    copy_task,
-    date_task,
-    date_vocab,
     get_batch,
     list_plays,
-    recall_task,
-    reverse_task,
-    sequence_accuracy,
-    token_accuracy,
     shakespeare_text,
-    sort_task,
     train_val_split,
 )
-from course_lib.models import (
-    IGNORE_INDEX,
-    DecoderConfig,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-    TransformerDecoder,
-)
+from course_lib.metrics import sequence_accuracy, token_accuracy
+from course_lib.models import DecoderLM, EncoderDecoder
+from course_lib.tasks import copy_task, date_task, date_vocab, recall_task, reverse_task, sort_task
+from course_lib.tokenizer import IGNORE_INDEX, CharTokenizer
 
 # --------------------------------------------------------------------------------------------
 # Shakespeare
@@ -331,14 +320,14 @@ def test_date_task_is_correct():
 
 def test_tasks_feed_the_models():
     task = sort_task(8, 5, seed=0)
-    model = TransformerDecoder(DecoderConfig(vocab_size=task.vocab_size, d_model=16, n_heads=2,
+    model = DecoderLM(DecoderConfig(vocab_size=task.vocab_size, d_model=16, n_heads=2,
                                              n_layers=1, max_len=16))
     out = model(task.inputs, targets=task.targets)
     assert out.logits.shape == (8, 10, task.vocab_size) and torch.isfinite(out.loss)
 
     dates = date_task(8, seed=0)
     vocab = date_vocab()
-    seq2seq = EncoderDecoder(EncoderDecoderConfig(
+    seq2seq = EncoderDecoder(EncoderDecoderConfig.shared(
         src_vocab_size=vocab.vocab_size, tgt_vocab_size=vocab.vocab_size, d_model=16, n_heads=2,
         n_encoder_layers=1, n_decoder_layers=1, max_src_len=16, max_tgt_len=16,
         pad_id=vocab.pad_id,

@@ -13,15 +13,11 @@ from course_lib.attention import (
     scaled_dot_product_attention,
     softmax,
 )
+from course_lib.configs import DecoderConfig, EncoderConfig
 from course_lib.device import get_device, seed_everything
+from course_lib.generation import sample_next_token
 from course_lib.layers import FeedForward, LayerNorm
-from course_lib.models import (
-    DecoderConfig,
-    EncoderConfig,
-    TransformerDecoder,
-    TransformerEncoder,
-    sample_next_token,
-)
+from course_lib.models import DecoderLM, Encoder
 from course_lib.positions import alibi_bias, sinusoidal_encoding
 
 
@@ -34,11 +30,11 @@ def test_d_model_not_divisible_by_n_heads():
 
 def test_wrong_model_dimension():
     mha = MultiHeadAttention(8, 2)
-    with pytest.raises(ValueError, match=r"x has last dimension 6 \(shape \(2, 3, 6\)\).*d_model=8"):
+    with pytest.raises(ValueError, match=r"x has shape \(2, 3, 6\) but its last dimension should be d_model=8"):
         mha(torch.randn(2, 3, 6))
     with pytest.raises(ValueError, match=r"x should have shape \(B, T, D\) or \(T, D\).*\(2, 2, 3, 8\)"):
         mha(torch.randn(2, 2, 3, 8))
-    with pytest.raises(ValueError, match="context has batch size 5 but x has batch size 2"):
+    with pytest.raises(ValueError, match=r"context has batch size 5 \(shape \(5, 4, 8\)\) but x has batch size 2"):
         mha(torch.randn(2, 3, 8), torch.randn(5, 4, 8))
     with pytest.raises(ValueError, match=r"x has shape \(3, 7\) but its last dimension should be d_model=8"):
         FeedForward(8)(torch.randn(3, 7))
@@ -60,8 +56,8 @@ def test_float_mask_where_bool_expected():
     float_mask = torch.zeros(3, 3)
     with pytest.raises(ValueError, match=r"mask must be a boolean tensor.*float32.*bias="):
         scaled_dot_product_attention(q, q, q, mask=float_mask)
-    with pytest.raises(ValueError, match="key_padding_mask must be a boolean tensor"):
-        MultiHeadAttention(4, 2)(torch.randn(1, 3, 4), key_padding_mask=torch.ones(1, 3))
+    with pytest.raises(ValueError, match="attention_mask must be a boolean tensor"):
+        MultiHeadAttention(4, 2)(torch.randn(1, 3, 4), attention_mask=torch.ones(1, 3))
     with pytest.raises(ValueError, match="mask must be a boolean tensor"):
         MultiHeadAttention(4, 2)(torch.randn(1, 3, 4), mask=torch.ones(3, 3, dtype=torch.long))
 
@@ -70,28 +66,28 @@ def test_mask_of_wrong_shape():
     q = torch.randn(2, 3, 4)
     with pytest.raises(ValueError, match=r"mask has shape \(3, 5\).*does not broadcast.*\(2, 3, 3\)"):
         scaled_dot_product_attention(q, q, q, mask=torch.ones(3, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"key_padding_mask has shape \(3,\) but should be \(B, S\) = \(1, 3\)"):
-        MultiHeadAttention(4, 2)(torch.randn(1, 3, 4), key_padding_mask=torch.ones(1, 1, 3, dtype=torch.bool)[0, 0])
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(3,\) but should be \(B, S\) = \(1, 3\)"):
+        MultiHeadAttention(4, 2)(torch.randn(1, 3, 4), attention_mask=torch.ones(1, 1, 3, dtype=torch.bool)[0, 0])
     with pytest.raises(ValueError, match="bias has shape"):
         MultiHeadAttention(4, 2)(torch.randn(1, 3, 4), bias=torch.zeros(3, 3, 3))
 
 
 def test_sequence_longer_than_the_context():
-    model = TransformerDecoder(DecoderConfig(vocab_size=7, d_model=8, n_heads=2, max_len=5))
+    model = DecoderLM(DecoderConfig(vocab_size=7, d_model=8, n_heads=2, max_len=5))
     with pytest.raises(ValueError, match=r"ids has 6 tokens \(shape \(1, 6\)\).*max_len=5"):
         model(torch.zeros(1, 6, dtype=torch.long))
 
 
 def test_bad_token_ids():
-    model = TransformerEncoder(EncoderConfig(vocab_size=7, d_model=8, n_heads=2))
+    model = Encoder(EncoderConfig(vocab_size=7, d_model=8, n_heads=2))
     with pytest.raises(ValueError, match=r"ids holds ids from 0 to 9.*valid ids are 0..6"):
         model(torch.tensor([[0, 9]]))
     with pytest.raises(ValueError, match="integer token ids, got dtype torch.float32"):
         model(torch.zeros(1, 3))
     with pytest.raises(ValueError, match=r"ids should have shape \(B, T\).*ids\[None\]"):
         model(torch.zeros(3, dtype=torch.long))
-    with pytest.raises(ValueError, match="key_padding_mask has shape"):
-        model(torch.zeros(1, 3, dtype=torch.long), key_padding_mask=torch.ones(1, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        model(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 4, dtype=torch.bool))
 
 
 def test_bad_config_values():
@@ -104,7 +100,7 @@ def test_bad_config_values():
     with pytest.raises(ValueError, match="activation"):
         EncoderConfig(vocab_size=5, activation="swish")
     with pytest.raises(TypeError, match="EncoderConfig"):
-        TransformerEncoder(DecoderConfig(vocab_size=5))
+        Encoder(DecoderConfig(vocab_size=5))
 
 
 def test_other_bad_arguments():

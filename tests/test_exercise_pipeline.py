@@ -10,8 +10,8 @@ import sys
 import nbformat
 import pytest
 
-from course_lib import exercises, grade
-from course_lib.exercises import generate, make_exercise_notebook, strip_solutions
+from course_lib.course import exercises, grade
+from course_lib.course.exercises import generate, make_exercise_notebook, strip_solutions
 
 SOLVED = '''\
 def double(x):
@@ -129,7 +129,7 @@ def test_exercises_command_line(tmp_path):
     sol_dir, ex_dir = tmp_path / "solutions", tmp_path / "exercises"
     sol_dir.mkdir()
     _solution_notebook(sol_dir / "07_practice.ipynb")
-    args = [sys.executable, "-m", "course_lib.exercises", "--solutions", str(sol_dir),
+    args = [sys.executable, "-m", "course_lib.course.exercises", "--solutions", str(sol_dir),
             "--exercises", str(ex_dir)]
     check = subprocess.run([*args, "--check"], capture_output=True, text=True)
     assert check.returncode == 1 and "missing" in check.stdout
@@ -176,7 +176,7 @@ def graded_folder(tmp_path_factory):
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in learner.iterdir()}
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "course_lib.grade", str(learner), str(sol_dir), "--json",
+        [sys.executable, "-m", "course_lib.course.grade", str(learner), str(sol_dir), "--json",
          "--timeout", "8"],
         capture_output=True, text=True, env=env, timeout=240,
     )
@@ -229,7 +229,7 @@ def test_grade_reports_syntax_errors_loops_crashes_and_unreadable_files(graded_f
 def test_grade_table_output(graded_folder):
     learner = graded_folder["learner"]
     proc = subprocess.run(
-        [sys.executable, "-m", "course_lib.grade", str(learner / "01_mixed.ipynb")],
+        [sys.executable, "-m", "course_lib.course.grade", str(learner / "01_mixed.ipynb")],
         capture_output=True, text=True, timeout=120,
     )
     out = proc.stdout

@@ -1,13 +1,17 @@
-"""LayerNorm, FeedForward and the residual wrappers."""
+"""LayerNorm (the teaching path and torch's fused one) and FeedForward."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from conftest import on_devices
 from torch import nn
 
-from course_lib.layers import AddNorm, FeedForward, LayerNorm, Residual, layer_norm
+from course_lib.configs import DecoderConfig
+from course_lib.layers import FeedForward, LayerNorm, layer_norm
+from course_lib.models import DecoderLM
 
 
 @on_devices
@@ -71,19 +75,32 @@ def test_feedforward_default_width_and_positionwise():
     torch.testing.assert_close(whole, one_by_one)
 
 
-def test_residual_adds_input():
-    lin = nn.Linear(4, 4)
-    x = torch.randn(3, 4)
-    torch.testing.assert_close(Residual(lin)(x), x + lin(x))
-    with pytest.raises(ValueError, match="keep the shape"):
-        Residual(nn.Linear(4, 5))(x)
+def _with_teaching_norms(model: nn.Module) -> int:
+    """Replace every nn.LayerNorm in ``model`` by course_lib's LayerNorm with the same weights."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.LayerNorm):
+                ours = LayerNorm(child.normalized_shape[0], eps=child.eps)
+                ours.load_state_dict(child.state_dict())
+                setattr(parent, name, ours)
+                swapped += 1
+    return swapped
 
 
-def test_addnorm_pre_and_post_orders():
+@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-norm", "post-norm"])
+def test_models_fused_layernorm_equals_the_teaching_layernorm(norm_first):
+    """The models run torch's fused LayerNorm; the equation-level one gives the same output."""
     torch.manual_seed(0)
-    lin = nn.Linear(6, 6)
-    x = torch.randn(2, 3, 6)
-    pre = AddNorm(6, norm_first=True)
-    post = AddNorm(6, norm_first=False)
-    torch.testing.assert_close(pre(x, lin), x + lin(layer_norm(x)))  # eq. 30
-    torch.testing.assert_close(post(x, lin), layer_norm(x + lin(x)))  # eq. 31
+    config = DecoderConfig(vocab_size=30, d_model=24, n_heads=4, n_layers=3, max_len=16,
+                           norm_first=norm_first)
+    fast = DecoderLM(config).eval()
+    for module in fast.modules():  # gains and shifts away from 1 and 0, so they matter
+        if isinstance(module, nn.LayerNorm):
+            nn.init.normal_(module.weight, 1.0, 0.3)
+            nn.init.normal_(module.bias, 0.0, 0.3)
+    teaching = copy.deepcopy(fast)
+    assert _with_teaching_norms(teaching) == 2 * config.n_layers + int(norm_first)
+    ids = torch.randint(0, 30, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(teaching(ids).logits, fast(ids).logits, atol=1e-5, rtol=1e-5)

@@ -10,18 +10,15 @@ from helpers import copy_linear, copy_mha_from_torch, copy_norm
 from torch import nn
 
 from course_lib.attention import causal_mask, padding_mask
+from course_lib.blocks import DecoderBlock, EncoderBlock
+from course_lib.configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
+from course_lib.generation import sample_next_token
 from course_lib.models import (
-    DecoderBlock,
-    DecoderConfig,
-    EncoderBlock,
-    EncoderConfig,
+    DecoderLM,
+    Encoder,
     EncoderDecoder,
-    EncoderDecoderConfig,
-    TransformerDecoder,
-    TransformerEncoder,
     count_parameters,
     parameter_breakdown,
-    sample_next_token,
 )
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -39,8 +36,8 @@ def _encoder_pair(norm_first: bool, activation: str):
     copy_mha_from_torch(ours.self_attn, ref.self_attn)
     copy_linear(ours.ff.fc1, ref.linear1)
     copy_linear(ours.ff.fc2, ref.linear2)
-    copy_norm(ours.attn_addnorm.norm, ref.norm1)
-    copy_norm(ours.ff_addnorm.norm, ref.norm2)
+    copy_norm(ours.attn_norm, ref.norm1)
+    copy_norm(ours.ff_norm, ref.norm2)
     return ours.eval(), ref.eval()
 
 
@@ -54,8 +51,8 @@ def test_encoder_block_matches_torch(device, norm_first, activation):
     keep = padding_mask([7, 5, 2], device=device)
     with torch.no_grad():
         ref_out = ref(x, src_key_padding_mask=~keep)
-        out, weights = ours(x, key_padding_mask=keep, need_weights=True)
-        fused, _ = ours(x, key_padding_mask=keep)
+        out, weights = ours(x, attention_mask=keep, return_weights=True)
+        fused, _ = ours(x, attention_mask=keep)
     # PyTorch's fast path fills padded *query* rows with zeros; compare the real tokens.
     torch.testing.assert_close(out[keep], ref_out[keep], **TOL)
     torch.testing.assert_close(fused[keep], ref_out[keep], **TOL)
@@ -76,9 +73,9 @@ def _decoder_pair(norm_first: bool):
     copy_mha_from_torch(ours.cross_attn, ref.multihead_attn)
     copy_linear(ours.ff.fc1, ref.linear1)
     copy_linear(ours.ff.fc2, ref.linear2)
-    copy_norm(ours.self_attn_addnorm.norm, ref.norm1)
-    copy_norm(ours.cross_attn_addnorm.norm, ref.norm2)
-    copy_norm(ours.ff_addnorm.norm, ref.norm3)
+    copy_norm(ours.attn_norm, ref.norm1)
+    copy_norm(ours.cross_attn_norm, ref.norm2)
+    copy_norm(ours.ff_norm, ref.norm3)
     return ours.eval(), ref.eval()
 
 
@@ -95,30 +92,30 @@ def test_decoder_block_matches_torch(device, norm_first):
             x, memory, tgt_mask=~causal_mask(6, device=device), tgt_is_causal=True,
             memory_key_padding_mask=~mem_keep,
         )
-        for need_weights in (True, False):
+        for return_weights in (True, False):
             out, self_w, cross_w = ours(
-                x, memory, memory_key_padding_mask=mem_keep, need_weights=need_weights
+                x, memory, encoder_attention_mask=mem_keep, return_weights=return_weights
             )
             torch.testing.assert_close(out, ref_out, **TOL)
-    assert self_w is None and cross_w is None  # need_weights=False on the last pass
-    _, self_w, cross_w = ours(x, memory, memory_key_padding_mask=mem_keep, need_weights=True)
+    assert self_w is None and cross_w is None  # return_weights=False on the last pass
+    _, self_w, cross_w = ours(x, memory, encoder_attention_mask=mem_keep, return_weights=True)
     assert self_w.shape == (2, H, 6, 6) and cross_w.shape == (2, H, 6, 9)
     assert torch.equal(cross_w[1, ..., 4:], torch.zeros_like(cross_w[1, ..., 4:]))
 
 
-def test_decoder_block_without_cross_attention_rejects_memory():
+def test_decoder_block_without_cross_attention_rejects_encoder_states():
     block = DecoderBlock(D, H)
     with pytest.raises(ValueError, match="no cross-attention"):
         block(torch.randn(1, 3, D), torch.randn(1, 4, D))
-    with pytest.raises(ValueError, match="needs memory"):
+    with pytest.raises(ValueError, match="needs encoder_hidden_states"):
         DecoderBlock(D, H, cross_attention=True)(torch.randn(1, 3, D))
 
 
-def _gpt(**overrides) -> TransformerDecoder:
+def _gpt(**overrides) -> DecoderLM:
     cfg = dict(vocab_size=20, d_model=16, n_heads=2, n_layers=2, max_len=12)
     cfg.update(overrides)
     torch.manual_seed(0)
-    return TransformerDecoder(DecoderConfig(**cfg)).eval()
+    return DecoderLM(DecoderConfig(**cfg)).eval()
 
 
 def test_tied_embeddings_share_one_matrix():
@@ -203,10 +200,10 @@ def test_greedy_generation_takes_the_argmax():
 
 def test_encoder_returns_hidden_states_and_attentions():
     cfg = EncoderConfig(vocab_size=30, d_model=16, n_heads=4, n_layers=3, max_len=10, pad_id=0)
-    enc = TransformerEncoder(cfg).eval()
+    enc = Encoder(cfg).eval()
     ids = torch.randint(1, 30, (2, 10))
     ids[1, 6:] = 0
-    out = enc(ids, need_weights=True, output_hidden_states=True)
+    out = enc(ids, output_attentions=True, output_hidden_states=True)
     assert out.last_hidden_state.shape == (2, 10, 16)
     assert len(out.hidden_states) == 4 and len(out.attentions) == 3
     # padding is masked automatically from pad_id: no query looks at a pad key
@@ -215,14 +212,14 @@ def test_encoder_returns_hidden_states_and_attentions():
     ids2 = ids.clone()
     ids2[1, 6:] = 7
     mask = ids != 0
-    out2 = enc(ids2, key_padding_mask=mask)
+    out2 = enc(ids2, attention_mask=mask)
     torch.testing.assert_close(out.last_hidden_state[mask], out2.last_hidden_state[mask])
 
 
 def test_encoder_token_types_and_embed_norm():
     cfg = EncoderConfig(vocab_size=30, d_model=16, n_heads=4, n_layers=1, max_len=10,
                         type_vocab_size=2, embed_norm=True, norm_first=False)
-    enc = TransformerEncoder(cfg).eval()
+    enc = Encoder(cfg).eval()
     ids = torch.randint(0, 30, (1, 6))
     a = enc(ids).last_hidden_state
     b = enc(ids, token_type_ids=torch.ones_like(ids)).last_hidden_state
@@ -235,7 +232,7 @@ def _seq2seq(**overrides) -> EncoderDecoder:
                max_tgt_len=10, pad_id=0)
     cfg.update(overrides)
     torch.manual_seed(0)
-    return EncoderDecoder(EncoderDecoderConfig(**cfg)).eval()
+    return EncoderDecoder(EncoderDecoderConfig.shared(**cfg)).eval()
 
 
 def test_encoder_decoder_shapes_and_cross_attention():
@@ -243,7 +240,7 @@ def test_encoder_decoder_shapes_and_cross_attention():
     src = torch.randint(1, 15, (2, 8))
     src[1, 5:] = 0
     tgt = torch.randint(1, 17, (2, 6))
-    out = model(src, tgt, targets=tgt, need_weights=True)
+    out = model(src, tgt, targets=tgt, output_attentions=True)
     assert out.logits.shape == (2, 6, 17)
     assert len(out.cross_attentions) == 2 and out.cross_attentions[0].shape == (2, 2, 6, 8)
     assert len(out.encoder_attentions) == 2

@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib import colab, exercises
-from course_lib.grade import grade_notebook
+from course_lib.course import colab, exercises
+from course_lib.course.grade import grade_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -27,7 +27,7 @@ def _ids(paths):
 def test_every_solution_has_a_current_exercise_notebook():
     assert [p.name for p in SOLUTIONS] == [p.name for p in EXERCISES]
     stale = exercises.generate(ROOT / "solutions", ROOT / "exercises", check=True)
-    assert stale == [], "exercise notebooks are stale; run: python -m course_lib.exercises"
+    assert stale == [], "exercise notebooks are stale; run: python -m course_lib.course.exercises"
 
 
 def test_every_notebook_starts_with_the_set_up_cell():

@@ -135,3 +135,21 @@ def test_rope_rejects_odd_dims_and_wrong_positions():
         apply_rope(torch.randn(4, 5))
     with pytest.raises(ValueError, match="positions"):
         apply_rope(torch.randn(4, 6), torch.arange(3))
+
+
+def test_tables_built_under_inference_mode_can_still_be_trained_through():
+    rope, sinusoids = RotaryEmbedding(8), SinusoidalPositionalEncoding(8)
+    with torch.inference_mode():  # e.g. generating text before training
+        rope(torch.randn(5, 8))
+        sinusoids(5)
+    x = torch.randn(5, 8, requires_grad=True)
+    (rope(x) * sinusoids(5)).sum().backward()  # both cached tables are saved for backward
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_sinusoidal_module_gives_the_rows_asked_for_after_moving():
+    module = SinusoidalPositionalEncoding(8)
+    module(10)  # a 10-row table on the CPU
+    module.to("meta")
+    assert module(3).shape == (3, 8) and module(3).device.type == "meta"
+    assert module(2, offset=4).shape == (2, 8)

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from course_lib.models import TransformerEncoder  # noqa: E402
+from course_lib.models import Encoder  # noqa: E402
 from course_lib.pretrained import (  # noqa: E402
     REQUIRED_FILES,
     PretrainedEncoder,
@@ -65,7 +65,7 @@ def _hf_outputs(model, batch):
     with torch.no_grad():
         return model(
             input_ids=batch.ids,
-            attention_mask=batch.key_padding_mask.long(),
+            attention_mask=batch.attention_mask.long(),
             token_type_ids=batch.token_type_ids,
             output_attentions=True,
             output_hidden_states=True,
@@ -107,7 +107,7 @@ def test_default_folder_is_the_bundled_minilm(folder, bert):
 
 def test_matches_hf_bert_on_a_padded_batch(bert, hf_bert):
     out = bert.encode(SENTENCES)
-    keep = out.batch.key_padding_mask
+    keep = out.batch.attention_mask
     assert not keep.all(), "the batch should contain padding"
     assert out.attentions[0].shape == (len(SENTENCES), 12, keep.shape[1], keep.shape[1])
     _compare_with_hf(out, _hf_outputs(hf_bert, out.batch), keep)
@@ -116,12 +116,12 @@ def test_matches_hf_bert_on_a_padded_batch(bert, hf_bert):
 def test_matches_hf_bert_one_at_a_time_and_on_pairs(bert, hf_bert):
     for sentence in SENTENCES[:2]:
         out = bert.encode(sentence)
-        assert out.batch.key_padding_mask.all()
-        _compare_with_hf(out, _hf_outputs(hf_bert, out.batch), out.batch.key_padding_mask)
+        assert out.batch.attention_mask.all()
+        _compare_with_hf(out, _hf_outputs(hf_bert, out.batch), out.batch.attention_mask)
     # sentence pairs use token type 1 for the second part
     out = bert.encode(SENTENCES[:2], text_pair=["It was tired.", "So is the reader."])
     assert out.batch.token_type_ids.max() == 1
-    _compare_with_hf(out, _hf_outputs(hf_bert, out.batch), out.batch.key_padding_mask)
+    _compare_with_hf(out, _hf_outputs(hf_bert, out.batch), out.batch.attention_mask)
 
 
 def test_tokenization_matches_hf_tokenizer(bert, folder):
@@ -131,7 +131,7 @@ def test_tokenization_matches_hf_tokenizer(bert, folder):
     theirs = ref(SENTENCES + [LONG], padding=True, truncation=True, max_length=256,
                  return_tensors="pt")
     assert torch.equal(ours.ids, theirs["input_ids"])
-    assert torch.equal(ours.key_padding_mask, theirs["attention_mask"].bool())
+    assert torch.equal(ours.attention_mask, theirs["attention_mask"].bool())
     assert torch.equal(ours.token_type_ids, theirs["token_type_ids"])
     assert ours.lengths[-1] == 256 and ours.tokens[-1][-1] == "[SEP]"
     assert ours.tokens[0] == ref.convert_ids_to_tokens(theirs["input_ids"][0][: ours.lengths[0]])
@@ -139,7 +139,7 @@ def test_tokenization_matches_hf_tokenizer(bert, folder):
     ours = bert.tokenize(SENTENCES, text_pair=pairs)
     theirs = ref(SENTENCES, pairs, padding=True, return_tensors="pt")
     assert torch.equal(ours.ids, theirs["input_ids"])
-    assert torch.equal(ours.key_padding_mask, theirs["attention_mask"].bool())
+    assert torch.equal(ours.attention_mask, theirs["attention_mask"].bool())
     assert torch.equal(ours.token_type_ids, theirs["token_type_ids"])
 
 
@@ -174,15 +174,15 @@ def test_attention_map_for_heatmaps(bert):
     torch.testing.assert_close(weights.sum(-1), torch.ones(n))
     with pytest.raises(ValueError, match=r"head=12 is out of range: there are 12"):
         out.attention_map(layer=0, head=12)
-    with pytest.raises(ValueError, match="need_weights=True"):
-        bert.encode("Hi", need_weights=False).attention_map(0, 0)
+    with pytest.raises(ValueError, match="output_attentions=True"):
+        bert.encode("Hi", output_attentions=False).attention_map(0, 0)
 
 
 def test_mean_pool_ignores_padding():
     hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])  # (1, 3, 2)
     keep = torch.tensor([[True, True, False]])
     torch.testing.assert_close(mean_pool(hidden, keep), torch.tensor([[2.0, 3.0]]))
-    with pytest.raises(ValueError, match=r"key_padding_mask has shape \(1, 2\).*\(1, 3\)"):
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 2\).*\(1, 3\)"):
         mean_pool(hidden, keep[:, :2])
 
 
@@ -231,7 +231,7 @@ def test_other_bert_checkpoint_matches_hf(tiny):
     assert any(name.startswith("cls.") for name in ours.skipped)
     out = ours.encode(SENTENCES, text_pair=["One.", "Two two.", "Three three three.", "Four"])
     assert out.batch.token_type_ids.max() == 1
-    _compare_with_hf(out, _hf_outputs(ref, out.batch), out.batch.key_padding_mask)
+    _compare_with_hf(out, _hf_outputs(ref, out.batch), out.batch.attention_mask)
     assert ours.tokenize(LONG).lengths == [40]
 
 
@@ -288,7 +288,7 @@ def test_corrupt_or_incomplete_config(tmp_path, tiny):
         (dict(num_attention_heads=None), r"config.json has no key 'num_attention_heads'"),
         (dict(model_type="gpt2"), r"'model_type' is 'gpt2'.*BERT checkpoints only"),
         (dict(hidden_act="swish"), r"'hidden_act' is 'swish', expected one of"),
-        (dict(hidden_size="48"), r"'hidden_size' must be a non-negative integer, got '48'"),
+        (dict(hidden_size="48"), r"'hidden_size' must be a positive integer, got '48' \(str\)"),
         (dict(position_embedding_type="relative_key"), r"'position_embedding_type'"),
         (dict(num_attention_heads=5), r"cannot build: d_model=48 is not divisible by n_heads=5"),
     ]
@@ -340,7 +340,7 @@ def test_corrupt_tokenizer_and_bad_max_length(tmp_path, tiny):
 
 def test_every_parameter_has_a_source(tiny):
     config = config_from_bert(json.loads((tiny[0] / "config.json").read_text()))
-    model = TransformerEncoder(config)
+    model = Encoder(config)
     table = bert_weight_map(config.n_layers)
     assert set(table) == {name for name, _ in model.named_parameters()}
     # the fused projection stacks query, key, value in that order

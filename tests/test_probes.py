@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course_lib.attention import MultiHeadAttention, causal_mask
-from course_lib.models import DecoderConfig, EncoderConfig, TransformerDecoder, TransformerEncoder
+from course_lib.configs import DecoderConfig, EncoderConfig
+from course_lib.models import DecoderLM, Encoder
 from course_lib.probes import LeakReport, future_leaks, influence, who_sees_whom
 
 
@@ -66,9 +67,9 @@ def test_attention_with_a_banded_mask_sees_exactly_the_band(t, ahead, h, seed):
 @on_devices
 def test_a_decoder_is_causal_and_an_encoder_is_not(device):
     torch.manual_seed(0)
-    decoder = TransformerDecoder(DecoderConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2,
+    decoder = DecoderLM(DecoderConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2,
                                                max_len=8)).to(device).eval()
-    encoder = TransformerEncoder(EncoderConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2,
+    encoder = Encoder(EncoderConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2,
                                                max_len=8)).to(device).eval()
     ids = torch.randint(0, 11, (2, 6), device=device)
     report = future_leaks(lambda ids: decoder(ids).logits, ids, vocab_size=11)
@@ -120,11 +121,11 @@ def test_tolerance_separates_rounding_noise_from_dependence():
 
 def test_per_example_matrices_show_that_padding_is_never_seen():
     torch.manual_seed(0)
-    decoder = TransformerDecoder(DecoderConfig(vocab_size=9, d_model=16, n_heads=2, n_layers=2,
+    decoder = DecoderLM(DecoderConfig(vocab_size=9, d_model=16, n_heads=2, n_layers=2,
                                                max_len=8)).eval()
     keep = torch.tensor([[True] * 5, [True, True, True, False, False]])  # (B, S)
     ids = torch.randint(1, 9, (2, 5))
-    sees = who_sees_whom(lambda ids: decoder(ids, key_padding_mask=keep).logits, ids,
+    sees = who_sees_whom(lambda ids: decoder(ids, attention_mask=keep).logits, ids,
                          vocab_size=9, per_example=True)
     assert sees.shape == (2, 5, 5)
     assert torch.equal(sees[0], causal_mask(5))
@@ -134,7 +135,7 @@ def test_per_example_matrices_show_that_padding_is_never_seen():
     # a pad position still carries its own input forward (the residual path)
     assert sees[1][3, 3] and sees[1][4, 4]
     assert torch.equal(sees.any(0), who_sees_whom(
-        lambda ids: decoder(ids, key_padding_mask=keep).logits, ids, vocab_size=9))
+        lambda ids: decoder(ids, attention_mask=keep).logits, ids, vocab_size=9))
 
 
 def test_the_probe_is_repeatable_and_leaves_its_input_alone():
@@ -188,7 +189,7 @@ def test_fn_returning_a_tuple_gets_a_hint():
 
 
 def test_fn_returning_a_model_output_gets_a_hint():
-    decoder = TransformerDecoder(DecoderConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=1,
+    decoder = DecoderLM(DecoderConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=1,
                                                max_len=4)).eval()
     with pytest.raises(ValueError, match=r"model\(ids\)\.logits"):
         future_leaks(decoder, torch.zeros(1, 3, dtype=torch.long), vocab_size=5)
@@ -201,7 +202,7 @@ def test_fn_returning_the_wrong_shape_is_refused():
 
 def test_a_model_left_in_training_mode_with_dropout_is_refused():
     torch.manual_seed(0)
-    model = TransformerDecoder(DecoderConfig(vocab_size=7, d_model=8, n_heads=2, n_layers=1,
+    model = DecoderLM(DecoderConfig(vocab_size=7, d_model=8, n_heads=2, n_layers=1,
                                              max_len=4, dropout=0.5))  # training mode
     with pytest.raises(ValueError, match=r"dropout.*model\.eval\(\)"):
         future_leaks(lambda ids: model(ids).logits, torch.zeros(2, 4, dtype=torch.long),

@@ -10,14 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course_lib.attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
-from course_lib.models import (
-    DecoderConfig,
-    EncoderConfig,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-    TransformerDecoder,
-    TransformerEncoder,
-)
+from course_lib.configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
+from course_lib.models import DecoderLM, Encoder, EncoderDecoder
 
 device_st = st.sampled_from(DEVICES)
 seed_st = st.integers(0, 2**16)
@@ -59,9 +53,9 @@ def test_math_path_equals_fused_path(b, h, t, s, causal, use_padding, use_bias, 
         keep = torch.rand(b, src, device=device) > 0.3
         keep[:, 0] = True
     bias = torch.randn(h, t, src, device=device) if use_bias else None
-    math_out, weights = mha(x, context, key_padding_mask=keep, bias=bias, is_causal=causal,
-                            need_weights=True)
-    fused_out, _ = mha(x, context, key_padding_mask=keep, bias=bias, is_causal=causal)
+    math_out, weights = mha(x, context, attention_mask=keep, bias=bias, is_causal=causal,
+                            return_weights=True)
+    fused_out, _ = mha(x, context, attention_mask=keep, bias=bias, is_causal=causal)
     torch.testing.assert_close(math_out, fused_out, atol=1e-5, rtol=1e-5)
     assert weights.shape == (b, h, t, src)
 
@@ -80,7 +74,7 @@ def test_self_attention_without_positions_is_permutation_equivariant(t, h, seed,
 @given(t=st.integers(2, 10), seed=seed_st)
 def test_encoder_without_positions_is_permutation_equivariant(t, seed):
     torch.manual_seed(seed)
-    enc = TransformerEncoder(
+    enc = Encoder(
         EncoderConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=2, positions="none")
     ).eval()
     ids = torch.randint(0, 11, (1, t))
@@ -93,7 +87,7 @@ def test_encoder_without_positions_is_permutation_equivariant(t, seed):
 @given(t=st.integers(3, 10), seed=seed_st)
 def test_encoder_with_positions_is_not_permutation_equivariant(t, seed):
     torch.manual_seed(seed)
-    enc = TransformerEncoder(
+    enc = Encoder(
         EncoderConfig(vocab_size=50, d_model=8, n_heads=2, n_layers=1, positions="learned")
     ).eval()
     ids = torch.arange(t)[None] + 1  # all tokens different
@@ -111,8 +105,8 @@ def test_causal_attention_ignores_the_future(t, cut, h, need_weights, seed, devi
     x = torch.randn(1, t, 8, device=device)
     y = x.clone()
     y[:, cut + 1:] = torch.randn_like(y[:, cut + 1:])
-    a, _ = mha(x, is_causal=True, need_weights=need_weights)
-    b, _ = mha(y, is_causal=True, need_weights=need_weights)
+    a, _ = mha(x, is_causal=True, return_weights=need_weights)
+    b, _ = mha(y, is_causal=True, return_weights=need_weights)
     torch.testing.assert_close(a[:, : cut + 1], b[:, : cut + 1], atol=1e-6, rtol=1e-6)
 
 
@@ -121,7 +115,7 @@ def test_causal_attention_ignores_the_future(t, cut, h, need_weights, seed, devi
 def test_whole_decoder_is_causal(positions, t, cut, seed):
     cut = min(cut, t - 1)
     torch.manual_seed(seed)
-    model = TransformerDecoder(
+    model = DecoderLM(
         DecoderConfig(vocab_size=13, d_model=8, n_heads=2, n_layers=2, max_len=12,
                       positions=positions)
     ).eval()
@@ -139,7 +133,7 @@ def test_whole_decoder_is_causal(positions, t, cut, seed):
 def test_encoder_decoder_target_side_is_causal(t, cut, seed):
     cut = min(cut, t - 1)
     torch.manual_seed(seed)
-    model = EncoderDecoder(EncoderDecoderConfig(
+    model = EncoderDecoder(EncoderDecoderConfig.shared(
         src_vocab_size=9, tgt_vocab_size=9, d_model=8, n_heads=2, max_src_len=8, max_tgt_len=8
     )).eval()
     src = torch.randint(0, 9, (1, 5))
@@ -155,7 +149,7 @@ def test_single_token_and_single_head_edge_cases():
     torch.manual_seed(0)
     mha = MultiHeadAttention(4, 1).eval()
     x = torch.randn(3, 1, 4)
-    out, weights = mha(x, is_causal=True, need_weights=True)
+    out, weights = mha(x, is_causal=True, return_weights=True)
     assert torch.equal(weights, torch.ones(3, 1, 1, 1))  # the only key gets all the weight
     v = x @ mha.qkv_proj.weight[8:].T + mha.qkv_proj.bias[8:]
     torch.testing.assert_close(out, mha.out_proj(v))  # so the output is that key's value

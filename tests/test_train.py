@@ -3,6 +3,7 @@ and it explains bad input."""
 
 from __future__ import annotations
 
+import copy
 import math
 from types import SimpleNamespace
 
@@ -13,15 +14,9 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import course_lib.train as train_module
-from course_lib.data import copy_task, date_task, recall_task
-from course_lib.models import (
-    DecoderConfig,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-    LMOutput,
-    TransformerDecoder,
-    count_parameters,
-)
+from course_lib.configs import DecoderConfig, EncoderDecoderConfig, LMOutput
+from course_lib.models import DecoderLM, EncoderDecoder, count_parameters
+from course_lib.tasks import copy_task, date_task, recall_task
 from course_lib.train import (
     TrainConfig,
     _planned_updates,
@@ -34,9 +29,9 @@ from course_lib.train import (
 )
 
 
-def _tiny_decoder(vocab_size: int, max_len: int = 32, seed: int = 0, **kw) -> TransformerDecoder:
+def _tiny_decoder(vocab_size: int, max_len: int = 32, seed: int = 0, **kw) -> DecoderLM:
     torch.manual_seed(seed)
-    return TransformerDecoder(DecoderConfig(
+    return DecoderLM(DecoderConfig(
         vocab_size=vocab_size, d_model=32, n_heads=2, n_layers=1, max_len=max_len, **kw
     ))
 
@@ -145,7 +140,7 @@ def test_encoder_decoder_trains_on_dates():
     task = date_task(512, seed=0)
     vocab = task.vocab
     torch.manual_seed(0)
-    model = EncoderDecoder(EncoderDecoderConfig(
+    model = EncoderDecoder(EncoderDecoderConfig.shared(
         src_vocab_size=vocab.vocab_size, tgt_vocab_size=vocab.vocab_size, d_model=32,
         n_heads=2, n_encoder_layers=1, n_decoder_layers=1, max_src_len=16, max_tgt_len=16,
         pad_id=vocab.pad_id,
@@ -318,7 +313,7 @@ def test_bad_batches():
         train(model, lambda: (x, x), progress=False)
     with pytest.raises(ValueError, match=r"keys \['ids'\] but no 'targets'"):
         train(model, lambda: {"ids": x}, progress=False)
-    with pytest.raises(ValueError, match=r"keys \['inputs', 'targets'\], which do not match TransformerDecoder.forward"):
+    with pytest.raises(ValueError, match=r"keys \['inputs', 'targets'\], which do not match DecoderLM.forward"):
         train(model, lambda: {"inputs": x, "targets": x}, progress=False)
     with pytest.raises(ValueError, match=r"val_batches\(\) must return a dict"):
         train(model, lambda: {"ids": x, "targets": x}, val_batches=lambda: [x, x], progress=False)
@@ -345,3 +340,30 @@ def test_divergence_is_reported():
     config = TrainConfig(max_iters=3, warmup_iters=1, eval_iters=1)
     with pytest.raises(FloatingPointError, match="the loss became nan at update 1.*lower lr"):
         train(model, lambda: {"ids": ids, "targets": ids}, config, progress=False)
+
+
+def test_the_fused_optimizer_computes_the_default_adamw_update():
+    """train() uses fused AdamW on the CPU; it must follow the same trajectory as the default
+    (for-loop) implementation."""
+    from course_lib.train import make_optimizer, param_groups
+
+    torch.manual_seed(0)
+    config = TrainConfig(lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95))
+    # no biases: the key bias gets a gradient of pure rounding noise (softmax ignores a shift
+    # shared by a whole row of scores), which Adam scales up to a full-size step either way
+    fused_model = DecoderLM(DecoderConfig(vocab_size=13, d_model=16, n_heads=2, n_layers=2,
+                                          max_len=8, bias=False))
+    plain_model = copy.deepcopy(fused_model)
+    fused = make_optimizer(fused_model, config)
+    assert fused.defaults["fused"]
+    plain = torch.optim.AdamW(param_groups(plain_model, config.weight_decay), lr=config.lr,
+                              betas=config.betas, foreach=False)
+    for step in range(5):
+        ids = torch.randint(0, 13, (4, 8), generator=torch.Generator().manual_seed(step))
+        for model, opt in ((fused_model, fused), (plain_model, plain)):
+            opt.zero_grad()
+            model(ids[:, :-1], targets=ids[:, 1:]).loss.backward()
+            opt.step()
+    for (name, a), b in zip(fused_model.named_parameters(), plain_model.parameters(),
+                            strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)

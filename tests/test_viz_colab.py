@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import ipywidgets
 import matplotlib
 
@@ -11,7 +14,7 @@ import nbformat  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_lib import colab  # noqa: E402
+from course_lib.course import colab  # noqa: E402
 from course_lib.viz import _make_widget, interactive, plot_attention, use_course_style  # noqa: E402
 
 
@@ -79,3 +82,53 @@ def test_setup_cell_sync(tmp_path):
 def test_setup_cell_keeps_colabs_torch():
     assert "%pip install" in colab.SETUP_CELL and "torch" not in colab.SETUP_CELL.split("%pip")[1]
     assert colab.REPO_URL in colab.SETUP_CELL and "if IN_COLAB:" in colab.SETUP_CELL
+
+
+class _FakeIPython:
+    """Records the magics a cell calls instead of running them (no pip, no matplotlib)."""
+
+    def __init__(self):
+        self.magics: list[tuple[str, str]] = []
+
+    def run_line_magic(self, name, line, _stack_depth=1):
+        self.magics.append((name, line))
+
+
+def _run_setup_cell(source, monkeypatch, *, in_colab):
+    """Execute the set-up cell's Python (magics translated as IPython does) with a fake shell."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    if in_colab:
+        monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    else:
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    shell = _FakeIPython()
+    namespace = {"get_ipython": lambda: shell}
+    exec(compile(TransformerManager().transform_cell(source), "<setup cell>", "exec"), namespace)
+    return shell.magics, namespace
+
+
+def test_setup_cell_with_the_placeholder_url_explains_instead_of_installing(monkeypatch, capsys):
+    assert colab.REPO_URL == colab.PLACEHOLDER_URL  # publishing the course changes this test
+    magics, _ = _run_setup_cell(colab.setup_source(colab.PLACEHOLDER_URL), monkeypatch,
+                                in_colab=True)
+    assert [name for name, _ in magics] == ["matplotlib"]  # no %pip call at all
+    printed = capsys.readouterr().out
+    assert "course_lib was NOT installed" in printed and "placeholder" in printed
+    assert "%pip install -e" in printed and "python -m course_lib.course.colab" in printed
+
+
+def test_setup_cell_with_a_real_url_installs_course_lib_in_colab(monkeypatch, capsys):
+    url = "https://github.com/someone/self-attention-course"
+    magics, namespace = _run_setup_cell(colab.setup_source(url), monkeypatch, in_colab=True)
+    # IPython expands {REPO_URL} from the cell's namespace when it runs the magic
+    assert magics == [("pip", 'install --quiet "course_lib @ git+{REPO_URL}"'),
+                      ("matplotlib", "inline")]
+    assert namespace["REPO_URL"] == url
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("url", [colab.PLACEHOLDER_URL, "https://github.com/someone/course"])
+def test_setup_cell_does_nothing_outside_colab(url, monkeypatch, capsys):
+    magics, _ = _run_setup_cell(colab.setup_source(url), monkeypatch, in_colab=False)
+    assert magics == [("matplotlib", "inline")] and capsys.readouterr().out == ""

@@ -13,9 +13,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..attention import causal_mask, softmax
-from ..layers import FeedForward
-from ..models import EncoderBlock, count_parameters
+from course_lib.attention import causal_mask, softmax
+from course_lib.layers import FeedForward
+from course_lib.models import EncoderBlock, count_parameters
+
 from ._core import (
     Case,
     CheckFailure,

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from .. import positions
+from course_lib import positions
+
 from ._core import Case, CheckFailure, Misconception, compare_tensors, rand, run_cases
 
 BASE = 10000.0

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..attention import MultiHeadAttention
-from ..rnn import ElmanRNN, elman_forward, elman_step, gradient_norms
+from course_lib.attention import MultiHeadAttention
+from course_lib.rnn import ElmanRNN, elman_forward, elman_step, gradient_norms
+
 from ._core import (
     Case,
     CheckFailure,

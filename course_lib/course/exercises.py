@@ -24,8 +24,8 @@ overwritten (use ``--force``, which keeps a backup copy, to replace an edited fi
 
 Command line::
 
-    python -m course_lib.exercises            # (re)generate exercises/ from solutions/
-    python -m course_lib.exercises --check    # exit 1 if exercises/ is out of date
+    python -m course_lib.course.exercises            # (re)generate exercises/ from solutions/
+    python -m course_lib.course.exercises --check    # exit 1 if exercises/ is out of date
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def generate(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.exercises",
+        prog="python -m course_lib.course.exercises",
         description="Generate exercise notebooks from the solution notebooks.",
     )
     parser.add_argument("--solutions", type=Path, default=Path("solutions"),
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.check:
         if report:
-            print("run: python -m course_lib.exercises")
+            print("run: python -m course_lib.course.exercises")
             return 1
         print("exercise notebooks are up to date")
     elif not report:

@@ -10,9 +10,15 @@ from typing import Any
 
 import torch
 
-from ..attention import MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
-from ..attention import softmax as safe_softmax
-from ..probes import who_sees_whom as reference_who_sees_whom
+from course_lib.attention import (
+    MultiHeadAttention,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+from course_lib.attention import softmax as safe_softmax
+from course_lib.probes import who_sees_whom as reference_who_sees_whom
+
 from ._core import Case, CheckFailure, Misconception, compare_tensors, describe, rand, run_cases
 
 ATOL = 1e-5

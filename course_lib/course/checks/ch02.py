@@ -7,6 +7,7 @@ Exercises and their checks:
     2.4 ``is_permutation_equivariant(f, X, perm)`` -> :func:`check_is_permutation_equivariant`
 
 Shape legend: T query length, S key length, d_in input size, d_k query/key size, d_v value size.
+Weight matrices use nn.Linear's (out, in) layout: W_q is (d_k, d_in) and Q = X @ W_q.T.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 import torch
 
-from ..attention import attention_scores, scaled_dot_product_attention, softmax
-from ..positions import sinusoidal_encoding
+from course_lib.attention import attention_scores, scaled_dot_product_attention, softmax
+from course_lib.positions import sinusoidal_encoding
+
 from ._core import (
     ATOL,
     RTOL,
@@ -224,24 +226,25 @@ def check_attention_weights(attention_weights: Callable) -> None:
 # --------------------------------------------------------------------------- exercise 2.2
 
 CONVENTION_HINT = (
-    "the convention is Q = X @ W_q, K = X @ W_k, V = X @ W_v: X is (T, d_in) and W_q is "
-    "(d_in, d_k), so multiply X on the right by each W, without transposing. (Watch out: "
-    "torch.nn.functional.linear(X, W) computes X @ W.T, the other convention.)"
+    "the weights are stored like nn.Linear.weight, one row per output feature: X is "
+    "(T, d_in) and W_q is (d_k, d_in), so Q = X @ W_q.T, K = X @ W_k.T, V = X @ W_v.T "
+    "(torch.nn.functional.linear(X, W_q) computes the same X @ W_q.T)"
 )
 
 
 def _projection_case(gen: torch.Generator, name: str, t: int, d_in: int, d_k: int, d_v: int,
                      *, scale: float = 1.0) -> Case:
     x = rand(gen, t, d_in, scale=scale)
-    # weights scaled by 1/sqrt(d_in) so the projections have unit-size entries
-    w_q, w_k, w_v = (rand(gen, d_in, d, scale=1.0 / math.sqrt(d_in)) for d in (d_k, d_k, d_v))
+    # nn.Linear's (out, in) layout; scaled by 1/sqrt(d_in) so the projections have unit-size
+    # entries
+    w_q, w_k, w_v = (rand(gen, d, d_in, scale=1.0 / math.sqrt(d_in)) for d in (d_k, d_k, d_v))
     return Case(name, (x, w_q, w_k, w_v), hint=CONVENTION_HINT)
 
 
 def _self_attention_cases(seed: int) -> list[Case]:
     gen = torch.Generator().manual_seed(seed)
     return [
-        # square weights first: shapes alone cannot reveal a transposed W or a missing W_v
+        # square weights first: shapes alone cannot reveal an untransposed W or a missing W_v
         _projection_case(gen, "square weights, T=5, d_in=d_k=d_v=4", 5, 4, 4, 4),
         _projection_case(gen, "T=4, d_in=6, d_k=3, d_v=5", 4, 6, 3, 5),
         _projection_case(gen, "T=3, d_in=8, d_k=4, d_v=3", 3, 8, 4, 3),
@@ -252,13 +255,14 @@ def _self_attention_cases(seed: int) -> list[Case]:
 
 
 def _qkv(x, w_q, w_k, w_v):
-    return x @ w_q, x @ w_k, x @ w_v
+    return x @ w_q.T, x @ w_k.T, x @ w_v.T  # (T, d_k), (T, d_k), (T, d_v)
 
 
-def _transposed_projections(x, w_q, w_k, w_v):
+def _untransposed_projections(x, w_q, w_k, w_v):
+    """X @ W instead of X @ W.T: only runs (and so only needs its own message) on square W."""
     if not all(w.shape[0] == w.shape[1] for w in (w_q, w_k, w_v)):
         return None
-    return scaled_dot_product_attention(x @ w_q.T, x @ w_k.T, x @ w_v.T)[0]
+    return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)[0]
 
 
 def _with_qkv(wrong: Callable) -> Callable:
@@ -268,28 +272,28 @@ def _with_qkv(wrong: Callable) -> Callable:
 
 SELF_ATTENTION_MISTAKES = [
     Misconception(
-        lambda x, w_q, w_k, w_v: softmax(attention_scores(x @ w_q, x @ w_k)),
+        lambda x, w_q, w_k, w_v: softmax(attention_scores(*_qkv(x, w_q, w_k, w_v)[:2])),
         "You returned the attention weights A (T, T); the exercise asks for the output "
-        "Z = A @ V, of shape (T, d_v), where V = X @ W_v",
+        "Z = A @ V, of shape (T, d_v), where V = X @ W_v.T",
     ),
     Misconception(
-        _transposed_projections,
-        "You projected with the transposed weights (X @ W.T, or nn.functional.linear): the "
-        "convention here is Q = X @ W_q, K = X @ W_k, V = X @ W_v with W_q of shape "
-        "(d_in, d_k)",
+        _untransposed_projections,
+        "You multiplied by the weights without transposing them (X @ W). The weights are "
+        "stored like nn.Linear.weight, shape (d_out, d_in) with one row per output feature, "
+        "so the projections are Q = X @ W_q.T, K = X @ W_k.T, V = X @ W_v.T",
     ),
     Misconception(
-        lambda x, w_q, w_k, w_v: softmax(attention_scores(x @ w_q, x @ w_k)) @ x,
+        lambda x, w_q, w_k, w_v: softmax(attention_scores(*_qkv(x, w_q, w_k, w_v)[:2])) @ x,
         "You averaged the inputs X instead of the values: the output is A @ V with "
-        "V = X @ W_v (W_v is the third weight matrix, do not skip it)",
+        "V = X @ W_v.T (W_v is the third weight matrix, do not skip it)",
     ),
     Misconception(
-        lambda x, w_q, w_k, w_v: (None if x.shape[-1] == w_q.shape[-1] else
+        lambda x, w_q, w_k, w_v: (None if x.shape[-1] == w_q.shape[0] else
                                   scaled_dot_product_attention(
-                                      x @ w_q, x @ w_k, x @ w_v,
+                                      *_qkv(x, w_q, w_k, w_v),
                                       scale=1.0 / math.sqrt(x.shape[-1]))[0]),
         "You scaled the scores by 1/sqrt(d_in), the size of the inputs; the scale is "
-        "1/sqrt(d_k), the size of the queries and keys (W_q.shape[1])",
+        "1/sqrt(d_k), the size of the queries and keys (W_q.shape[0])",
     ),
     *(Misconception(_with_qkv(m.wrong), m.message)
       for m in _output_misconceptions("Your output is wrong because ")),
@@ -300,9 +304,9 @@ def check_self_attention(self_attention: Callable) -> None:
     """Check ``self_attention(X, W_q, W_k, W_v)`` = softmax(Q K^T / sqrt(d_k)) V.
 
     Args:
-        self_attention: the learner's function taking X (T, d_in), W_q and W_k (d_in, d_k) and
-            W_v (d_in, d_v), with Q = X @ W_q, K = X @ W_k, V = X @ W_v, and returning the
-            output of shape (T, d_v).
+        self_attention: the learner's function taking X (T, d_in), W_q and W_k (d_k, d_in) and
+            W_v (d_v, d_in) in nn.Linear's (out, in) layout, with Q = X @ W_q.T,
+            K = X @ W_k.T, V = X @ W_v.T, and returning the output of shape (T, d_v).
     """
 
     def check_one(got, case: Case) -> None:
@@ -406,7 +410,7 @@ def attention_layer(d: int, seed: int) -> Callable[[torch.Tensor], torch.Tensor]
     w_q, w_k, w_v = (rand(gen, d, d, scale=1.0 / math.sqrt(d)) for _ in range(3))
 
     def self_attention(x: torch.Tensor) -> torch.Tensor:
-        return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)[0]
+        return scaled_dot_product_attention(x @ w_q.T, x @ w_k.T, x @ w_v.T)[0]
 
     return self_attention
 
@@ -422,10 +426,10 @@ def _with_positions(f: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def _tokenwise_mlp(d: int, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    w1, w2 = rand(gen, d, 2 * d), rand(gen, 2 * d, d)
+    w1, w2 = rand(gen, 2 * d, d), rand(gen, d, 2 * d)  # (out, in), as nn.Linear
 
     def tokenwise_mlp(x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x @ w1) @ w2
+        return torch.tanh(x @ w1.T) @ w2.T
 
     return tokenwise_mlp
 

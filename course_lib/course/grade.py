@@ -1,8 +1,10 @@
-"""Grade exercise notebooks: ``python -m course_lib.grade [PATH ...] [--json] [--timeout S]``.
+"""Grade exercise notebooks.
+
+Usage: ``python -m course_lib.course.grade [PATH ...] [--json] [--timeout S]``.
 
 Each notebook is executed from an in-memory copy in a temporary folder, with the Python
 environment grade itself runs in, so the learner's files are never written. Every graded cell
-(tagged ``graded``, see :mod:`course_lib.exercises`) is scored:
+(tagged ``graded``, see :mod:`course_lib.course.exercises`) is scored:
 
 ========  ================================================================
 pass      the check ran and printed its pass line
@@ -128,9 +130,28 @@ def grade_notebook(
     graded = graded_cells(nb, chapter)
     if not graded:
         result.problems.append("no graded cells found (cells tagged 'graded')")
-    graded_at = {g.index: g for g in graded}
-    statuses: dict[int, tuple[str, str]] = {}
+    statuses = _execute(nb, {g.index for g in graded}, result.problems,
+                        timeout=timeout, startup_timeout=startup_timeout)
+    for g in graded:
+        status, detail = statuses.get(g.index, ("not run", "an earlier problem stopped grading"))
+        result.exercises.append(ExerciseResult(
+            exercise=g.exercise, name=g.name, status=status,
+            points=g.points if status == "pass" else 0.0, max_points=g.points, detail=detail,
+        ))
+    result.seconds = round(time.perf_counter() - start, 1)
+    return result
 
+
+def _execute(
+    nb: nbformat.NotebookNode, graded: set[int], problems: list[str], *,
+    timeout: int, startup_timeout: int,
+) -> dict[int, tuple[str, str]]:
+    """Run ``nb`` (in memory) in a fresh kernel in a temporary folder.
+
+    Returns (status, detail) for each code cell that ran, by cell index; notebook-level
+    problems (crashes, timeouts, errors outside graded cells) are appended to ``problems``.
+    """
+    statuses: dict[int, tuple[str, str]] = {}
     timed_out: set[int] = set()
 
     def note_timeout(cell, cell_index, execute_reply) -> None:
@@ -155,50 +176,49 @@ def grade_notebook(
         )
         try:
             with client.setup_kernel():
-                consecutive_timeouts = 0
-                for index, cell in enumerate(nb.cells):
-                    if cell.cell_type != "code":
-                        continue
-                    try:
-                        client.execute_cell(cell, index)
-                    except DeadKernelError:
-                        result.problems.append(f"the kernel crashed while running cell {index}")
-                        statuses[index] = ("error", "the kernel crashed while running this cell")
-                        break
-                    if index in timed_out:
-                        statuses[index] = ("timeout", f"the cell ran longer than {timeout} s")
-                        result.problems.append(
-                            f"cell {index} ran longer than {timeout} s and was interrupted "
-                            "(an infinite loop?)"
-                        )
-                        consecutive_timeouts += 1
-                        if consecutive_timeouts == 2:
-                            result.problems.append("the kernel does not respond; stopped grading")
-                            break
-                        continue
-                    consecutive_timeouts = 0
-                    error = _error_of(cell)
-                    statuses[index] = _status_for(error)
-                    if error and index not in graded_at:
-                        kind = ("has a" if error[0] in ("SyntaxError", "IndentationError")
-                                else "raised")
-                        result.problems.append(
-                            f"cell {index} {kind} {error[0]}: {_first_line(error[1])}"
-                        )
+                _run_cells(client, nb, graded, timed_out, statuses, problems, timeout)
         except Exception as exc:  # the kernel never started, or died during set-up
-            result.problems.append(f"could not run the notebook: {_first_line(exc)}")
+            problems.append(f"could not run the notebook: {_first_line(exc)}")
         finally:  # nbclient leaves a kernel it did not create running: stop it ourselves
             if km.has_kernel:
                 run_sync(km.shutdown_kernel)(now=True)
+    return statuses
 
-    for g in graded:
-        status, detail = statuses.get(g.index, ("not run", "an earlier problem stopped grading"))
-        result.exercises.append(ExerciseResult(
-            exercise=g.exercise, name=g.name, status=status,
-            points=g.points if status == "pass" else 0.0, max_points=g.points, detail=detail,
-        ))
-    result.seconds = round(time.perf_counter() - start, 1)
-    return result
+
+def _run_cells(
+    client: NotebookClient, nb: nbformat.NotebookNode, graded: set[int], timed_out: set[int],
+    statuses: dict[int, tuple[str, str]], problems: list[str], timeout: int,
+) -> None:
+    """Execute the code cells in order, filling ``statuses`` and ``problems`` as they run.
+
+    Stops at a crashed kernel, or after two timeouts in a row (the kernel no longer answers).
+    """
+    consecutive_timeouts = 0
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        try:
+            client.execute_cell(cell, index)
+        except DeadKernelError:
+            problems.append(f"the kernel crashed while running cell {index}")
+            statuses[index] = ("error", "the kernel crashed while running this cell")
+            return
+        if index in timed_out:
+            statuses[index] = ("timeout", f"the cell ran longer than {timeout} s")
+            problems.append(
+                f"cell {index} ran longer than {timeout} s and was interrupted (an infinite loop?)"
+            )
+            consecutive_timeouts += 1
+            if consecutive_timeouts == 2:
+                problems.append("the kernel does not respond; stopped grading")
+                return
+            continue
+        consecutive_timeouts = 0
+        error = _error_of(cell)
+        statuses[index] = _status_for(error)
+        if error and index not in graded:
+            kind = "has a" if error[0] in ("SyntaxError", "IndentationError") else "raised"
+            problems.append(f"cell {index} {kind} {error[0]}: {_first_line(error[1])}")
 
 
 def find_notebooks(paths: list[str]) -> list[Path]:
@@ -261,7 +281,7 @@ def to_json(results: list[NotebookResult]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.grade",
+        prog="python -m course_lib.course.grade",
         description="Run copies of exercise notebooks and print a score report.",
     )
     parser.add_argument("paths", nargs="*", default=["exercises"],

@@ -2,11 +2,12 @@
 
 In Google Colab the cell installs course_lib from the course's repository without touching
 Colab's own torch (course_lib asks only for ``torch>=2.2``, which Colab already satisfies);
-anywhere else it only sets up inline plotting.
+anywhere else it only sets up inline plotting. While ``REPO_URL`` is still the placeholder, the
+cell installs nothing in Colab and prints what to do instead.
 
 To publish the course from your own copy of the repository, set ``REPO_URL`` below and run::
 
-    python -m course_lib.colab
+    python -m course_lib.course.colab
 
 which rewrites the set-up cell (the first code cell, tagged ``setup``) of every notebook in
 ``notebooks/`` and ``solutions/`` and regenerates ``exercises/``. ``--check`` only reports
@@ -21,20 +22,40 @@ from pathlib import Path
 
 import nbformat
 
-# Fill in: the address of the course repository that Colab installs course_lib from.
-REPO_URL = "https://github.com/your-account/self-attention-course"
+# Fill in: the address of the course repository that Colab installs course_lib from. While it is
+# this placeholder, the set-up cell explains in Colab what to do instead of failing inside pip.
+PLACEHOLDER_URL = "https://github.com/your-account/self-attention-course"
+REPO_URL = PLACEHOLDER_URL
 SETUP_TAG = "setup"
 
-SETUP_CELL = f'''\
+_SETUP_TEMPLATE = '''\
 # Set-up: run this cell first. In Google Colab it installs the course library from the
 # course repository (Colab's own torch is kept); on your own machine it changes nothing.
 import sys
 
 IN_COLAB = "google.colab" in sys.modules
 if IN_COLAB:
-    REPO_URL = "{REPO_URL}"
-    %pip install --quiet "course_lib @ git+{{REPO_URL}}"
+    REPO_URL = "@REPO_URL@"
+    if "/your-account/" in REPO_URL:  # the placeholder: this copy does not know its repository
+        print(
+            "course_lib was NOT installed: REPO_URL in this cell is still a placeholder.\\n"
+            "Either upload or clone the course repository into Colab and run\\n"
+            "    %pip install -e <the repository's folder>\\n"
+            "(then Runtime > Restart session), or set REPO_URL to the course repository's\\n"
+            "address (for every notebook: in course_lib/course/colab.py, then run\\n"
+            "python -m course_lib.course.colab) and run this cell again."
+        )
+    else:
+        %pip install --quiet "course_lib @ git+{REPO_URL}"
 %matplotlib inline'''
+
+
+def setup_source(repo_url: str = REPO_URL) -> str:
+    """The set-up cell's source for a course published at ``repo_url``."""
+    return _SETUP_TEMPLATE.replace("@REPO_URL@", repo_url)
+
+
+SETUP_CELL = setup_source()
 
 
 def setup_cell() -> nbformat.NotebookNode:
@@ -58,7 +79,7 @@ def out_of_date(path: Path) -> str | None:
     if index is None:
         return f"{path}: the first code cell must be the set-up cell (tagged '{SETUP_TAG}')"
     if nb.cells[index].source != SETUP_CELL:
-        return f"{path}: the set-up cell differs from course_lib.colab.SETUP_CELL"
+        return f"{path}: the set-up cell differs from course_lib.course.colab.SETUP_CELL"
     return None
 
 
@@ -86,8 +107,8 @@ def sync(folders: list[Path], *, check: bool = False) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.colab",
-        description="Write course_lib.colab.SETUP_CELL into every notebook's set-up cell.",
+        prog="python -m course_lib.course.colab",
+        description="Write course_lib.course.colab.SETUP_CELL into every notebook's set-up cell.",
     )
     parser.add_argument("--check", action="store_true", help="only report differences")
     args = parser.parse_args(argv)

@@ -1,0 +1,89 @@
+"""The shape of course_lib itself: imports go one way only, and every function is short enough
+to read next to the notes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+LIB = Path(__file__).resolve().parents[1] / "course_lib"
+DATA_MODULES = {"corpus", "tokenizer", "tasks", "metrics"}
+MODEL_MODULES = {"attention", "blocks", "configs", "generation", "layers", "models", "positions",
+                 "rnn", "pretrained", "train", "probes"}
+MAX_CODE_LINES = 60
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(LIB.parent).with_suffix("").parts)
+
+
+def _imports(path: Path, module: str | None = None) -> set[str]:
+    """Every course_lib module that ``path`` (the module ``module``) imports, as dotted names."""
+    tree = ast.parse(path.read_text())
+    package = (module or _module_name(path)).rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("course_lib")}
+
+
+def _library_files() -> list[Path]:
+    return sorted(p for p in LIB.rglob("*.py") if "course" not in p.relative_to(LIB).parts[:1])
+
+
+def test_the_model_library_never_imports_the_course_tooling():
+    offenders = {_module_name(p): sorted(i for i in _imports(p) if i.startswith("course_lib.course"))
+                 for p in _library_files()}
+    assert {m: i for m, i in offenders.items() if i} == {}
+
+
+def test_the_data_modules_never_import_the_models():
+    offenders = {}
+    for name in DATA_MODULES:
+        imported = _imports(LIB / f"{name}.py")
+        bad = sorted(i for i in imported if i.count(".") >= 1 and i.split(".")[1] in MODEL_MODULES)
+        if bad:
+            offenders[name] = bad
+    assert offenders == {}
+
+
+def _code_lines(node: ast.FunctionDef, lines: list[str]) -> int:
+    """Lines of a function that hold code: no blank lines, comments or docstring."""
+    skip: set[int] = set()
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+        skip = set(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for i in range(node.lineno, node.end_lineno + 1)
+               if i not in skip and lines[i - 1].strip()
+               and not lines[i - 1].strip().startswith("#"))
+
+
+@pytest.mark.parametrize("path", sorted(LIB.rglob("*.py")), ids=lambda p: _module_name(p))
+def test_no_function_is_longer_than_sixty_code_lines(path):
+    text = path.read_text()
+    lines = text.splitlines()
+    too_long = {node.name: _code_lines(node, lines) for node in ast.walk(ast.parse(text))
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and _code_lines(node, lines) > MAX_CODE_LINES}
+    assert too_long == {}
+
+
+def test_the_structure_checks_can_fail(tmp_path):
+    """The helpers above see a relative import of the tooling and a long function."""
+    fake = tmp_path / "fake.py"
+    fake.write_text("from .course import grade\n\ndef f():\n" + "    x = 1\n" * 61)
+    assert "course_lib.course" in _imports(fake, "course_lib.fake")
+    tree = ast.parse(fake.read_text())
+    function = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    assert _code_lines(function, fake.read_text().splitlines()) == 62
