@@ -12,13 +12,20 @@ require_non_negative_number, require_probability, require_bool, require_choice,
 require_callable). A wrong type raises :class:`WrongTypeError`, a TypeError that is also a
 ValueError. require_finite reads tensor values (a GPU sync): keep it out of training
 steps.
+
+Modules that call other course_lib modules (a block calling attention, a model calling its
+blocks) have checked the inputs already: they run the inner calls inside
+:func:`inputs_checked`, and the inner modules skip their checks (they still run through
+``module(...)``, so forward hooks see every call).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -343,3 +350,22 @@ def check_token_ids(name: str, ids: object, vocab_size: int, max_len: int | None
             f"{name} holds ids from {int(ids.min())} to {int(ids.max())}, but the vocabulary has "
             f"{vocab_size} entries (valid ids are 0..{vocab_size - 1})"
         )
+
+
+_INPUTS_CHECKED = contextvars.ContextVar("course_lib_inputs_checked", default=False)
+
+
+@contextlib.contextmanager
+def inputs_checked() -> Iterator[None]:
+    """Within this block, course_lib modules skip their argument checks: the caller (a block
+    or a model) validated the inputs at its own boundary."""
+    token = _INPUTS_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _INPUTS_CHECKED.reset(token)
+
+
+def checks_wanted() -> bool:
+    """False inside :func:`inputs_checked`, i.e. when a library caller has checked already."""
+    return not _INPUTS_CHECKED.get()

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._validate import (
+    checks_wanted,
     require_bool_mask,
     require_broadcastable,
     require_dtype_of,
@@ -351,7 +352,8 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(out, weights)`` with out (B, T, D) and weights (B, H, T, S) or None.
         """
-        _check_attention_inputs(self, x, context, mask, attention_mask, bias)
+        if checks_wanted():
+            check_attention_inputs(self, x, context, mask, attention_mask, bias)
         unbatched = x.dim() == 2
         if unbatched:
             x = x[None]
@@ -433,7 +435,7 @@ def _check_heads(d_model: int, n_heads: int) -> None:
         )
 
 
-def _check_attention_inputs(
+def check_attention_inputs(
     layer: MultiHeadAttention,
     x: torch.Tensor,
     context: torch.Tensor | None,

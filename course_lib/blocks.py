@@ -18,15 +18,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._validate import require_dtype_of, require_features, require_ndim
-from .attention import MultiHeadAttention
-from .layers import FeedForward
+from ._validate import checks_wanted, inputs_checked, require_ndim
+from .attention import MultiHeadAttention, check_attention_inputs
+from .layers import FeedForward, dropout_layer
 
 
-def _check_block_input(name: str, x: object, block: nn.Module) -> None:
-    require_ndim(name, x, (3,), "(B, T, D)")
-    require_features(name, x, block.d_model, "d_model")
-    require_dtype_of(name, x, block.ff.fc1.weight, "the block's weights")
+def _check_block_input(x: object, attention: MultiHeadAttention, **attention_inputs) -> None:
+    """x must be (B, T, D) and fit the block's attention, with valid masks."""
+    require_ndim("x", x, (3,), "(B, T, D)")
+    check_attention_inputs(attention, x, **attention_inputs)
 
 
 class EncoderBlock(nn.Module):
@@ -66,7 +66,7 @@ class EncoderBlock(nn.Module):
         self.attn_norm = nn.LayerNorm(d_model, eps=eps)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.ff_norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
 
     def forward(
         self,
@@ -79,17 +79,20 @@ class EncoderBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Args: x (B, T, D); mask, attention_mask (B, T), bias and return_weights as in
         :meth:`MultiHeadAttention.forward`."""
-        _check_block_input("x", x, self)
+        if checks_wanted():
+            _check_block_input(x, self.self_attn, context=None, mask=mask,
+                               attention_mask=attention_mask, bias=bias)
         kw = dict(mask=mask, attention_mask=attention_mask, bias=bias,
                   return_weights=return_weights)
-        if self.norm_first:  # pre-norm: x + f(LN(x))
-            a, weights = self.self_attn(self.attn_norm(x), **kw)
-            x = x + self.dropout(a)
-            x = x + self.dropout(self.ff(self.ff_norm(x)))
-        else:  # post-norm: LN(x + f(x))
-            a, weights = self.self_attn(x, **kw)
-            x = self.attn_norm(x + self.dropout(a))
-            x = self.ff_norm(x + self.dropout(self.ff(x)))
+        with inputs_checked():  # the sublayers trust what was checked here
+            if self.norm_first:  # pre-norm: x + f(LN(x))
+                a, weights = self.self_attn(self.attn_norm(x), **kw)
+                x = x + self.dropout(a)
+                x = x + self.dropout(self.ff(self.ff_norm(x)))
+            else:  # post-norm: LN(x + f(x))
+                a, weights = self.self_attn(x, **kw)
+                x = self.attn_norm(x + self.dropout(a))
+                x = self.ff_norm(x + self.dropout(self.ff(x)))
         return x, weights  # (B, T, D), (B, H, T, T) or None
 
 
@@ -132,7 +135,7 @@ class DecoderBlock(nn.Module):
             self.cross_attn_norm = nn.LayerNorm(d_model, eps=eps)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.ff_norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
 
     def forward(
         self,
@@ -152,30 +155,39 @@ class DecoderBlock(nn.Module):
             bias: added to the self-attention scores (e.g. ALiBi).
             return_weights: also return the attention weights.
         """
-        self._check(x, encoder_hidden_states)
+        if checks_wanted():
+            self._check(x, encoder_hidden_states, attention_mask, encoder_attention_mask, bias)
         self_kw = dict(attention_mask=attention_mask, bias=bias, is_causal=True,
                        return_weights=return_weights)
         cross_kw = dict(attention_mask=encoder_attention_mask, return_weights=return_weights)
         cross_weights = None
-        if self.norm_first:  # pre-norm: x + f(LN(x))
-            a, self_weights = self.self_attn(self.attn_norm(x), **self_kw)
-            x = x + self.dropout(a)
-            if self.cross_attn is not None:
-                c, cross_weights = self.cross_attn(
-                    self.cross_attn_norm(x), encoder_hidden_states, **cross_kw)
-                x = x + self.dropout(c)
-            x = x + self.dropout(self.ff(self.ff_norm(x)))
-        else:  # post-norm: LN(x + f(x))
-            a, self_weights = self.self_attn(x, **self_kw)
-            x = self.attn_norm(x + self.dropout(a))
-            if self.cross_attn is not None:
-                c, cross_weights = self.cross_attn(x, encoder_hidden_states, **cross_kw)
-                x = self.cross_attn_norm(x + self.dropout(c))
-            x = self.ff_norm(x + self.dropout(self.ff(x)))
+        with inputs_checked():  # the sublayers trust what was checked here
+            if self.norm_first:  # pre-norm: x + f(LN(x))
+                a, self_weights = self.self_attn(self.attn_norm(x), **self_kw)
+                x = x + self.dropout(a)
+                if self.cross_attn is not None:
+                    c, cross_weights = self.cross_attn(
+                        self.cross_attn_norm(x), encoder_hidden_states, **cross_kw)
+                    x = x + self.dropout(c)
+                x = x + self.dropout(self.ff(self.ff_norm(x)))
+            else:  # post-norm: LN(x + f(x))
+                a, self_weights = self.self_attn(x, **self_kw)
+                x = self.attn_norm(x + self.dropout(a))
+                if self.cross_attn is not None:
+                    c, cross_weights = self.cross_attn(x, encoder_hidden_states, **cross_kw)
+                    x = self.cross_attn_norm(x + self.dropout(c))
+                x = self.ff_norm(x + self.dropout(self.ff(x)))
         return x, self_weights, cross_weights  # (B, T, D), (B, H, T, T), (B, H, T, S)
 
-    def _check(self, x: torch.Tensor, encoder_hidden_states: torch.Tensor | None) -> None:
-        _check_block_input("x", x, self)
+    def _check(self, x: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
+               attention_mask: torch.Tensor | None, encoder_attention_mask: torch.Tensor | None,
+               bias: torch.Tensor | None) -> None:
+        _check_block_input(x, self.self_attn, context=None, mask=None,
+                           attention_mask=attention_mask, bias=bias)
+        if self.cross_attn is not None and encoder_hidden_states is not None:
+            require_ndim("encoder_hidden_states", encoder_hidden_states, (3,), "(B, S, D)")
+            check_attention_inputs(self.cross_attn, x, encoder_hidden_states, None,
+                                   encoder_attention_mask, None)
         if self.cross_attn is not None and encoder_hidden_states is None:
             raise ValueError(
                 "this decoder block has cross-attention, so it needs encoder_hidden_states= "

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._validate import (
+    checks_wanted,
     require_choice,
     require_dtype_of,
     require_features,
@@ -38,6 +39,11 @@ def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """Look up an activation by name: ``"relu"``, ``"gelu"`` or ``"gelu_tanh"``."""
     require_choice("activation", name, tuple(ACTIVATIONS))
     return ACTIVATIONS[name]
+
+
+def dropout_layer(p: float) -> nn.Module:
+    """``nn.Dropout(p)``, or ``nn.Identity()`` when p is 0 (it would do nothing, at a cost)."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
 def _check_input(x: object, layer: nn.Module, weight: torch.Tensor | None, d_model: int) -> None:
@@ -84,10 +90,11 @@ class FeedForward(nn.Module):
         self.d_model = d_model
         self.fc1 = nn.Linear(d_model, d_ff, bias=bias)  # expand: D -> F
         self.fc2 = nn.Linear(d_ff, d_model, bias=bias)  # project back: F -> D
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input(x, self, self.fc1.weight, self.d_model)
+        if checks_wanted():
+            _check_input(x, self, self.fc1.weight, self.d_model)
         # W2 act(W1 h + b1) + b2
         return self.fc2(self.dropout(self.activation(self.fc1(x))))  # (..., D)
 

@@ -16,7 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import check_token_ids, require_bool_mask, require_ndim, shape_of, values_checked
+from ._validate import (
+    check_token_ids,
+    inputs_checked,
+    require_bool_mask,
+    require_features,
+    require_ndim,
+    shape_of,
+    values_checked,
+)
 from .blocks import DecoderBlock, EncoderBlock
 from .configs import (
     DecoderConfig,
@@ -27,6 +35,7 @@ from .configs import (
     TransformerConfig,
 )
 from .generation import generate, generate_seq2seq
+from .layers import dropout_layer
 from .positions import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
@@ -51,7 +60,7 @@ def _check_attention_mask(name: str, mask: torch.Tensor | None, ids: torch.Tenso
         )
 
 
-def _check_targets(targets: torch.Tensor | None, ids: torch.Tensor, vocab_size: int) -> None:
+def _check_targets(targets: torch.Tensor | None, ids: torch.Tensor) -> None:
     if targets is None:
         return
     require_ndim("targets", targets, (2,), "(B, T), the next token at every position")
@@ -61,13 +70,16 @@ def _check_targets(targets: torch.Tensor | None, ids: torch.Tensor, vocab_size: 
     if targets.shape != ids.shape:
         raise ValueError(f"targets has shape {shape_of(targets)} but the input ids have shape "
                          f"{shape_of(ids)}; they must match")
-    if values_checked(targets):
-        bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= vocab_size))
-        if bool(bad.any()):
-            raise ValueError(
-                f"targets holds {targets[bad][0].item()}, outside the vocabulary 0.."
-                f"{vocab_size - 1} (use {IGNORE_INDEX} for positions that are not scored)"
-            )
+
+
+def _bad_targets(targets: torch.Tensor, vocab_size: int) -> str | None:
+    """What is wrong with targets outside the vocabulary, or None. Run only once the loss has
+    failed: reading the targets in every step would cost time (and on a GPU, a sync)."""
+    bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= vocab_size))
+    if not bool(bad.any()):
+        return None
+    return (f"targets holds {targets[bad][0].item()}, outside the vocabulary 0..{vocab_size - 1} "
+            f"(use {IGNORE_INDEX} for positions that are not scored)")
 
 
 def _padding(attention_mask: torch.Tensor | None, ids: torch.Tensor,
@@ -179,7 +191,7 @@ class Embeddings(nn.Module):
             self.position = SinusoidalPositionalEncoding(d_model)
         self.token_type = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
         self.norm = nn.LayerNorm(d_model, eps=eps) if norm else None
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
 
     def forward(
         self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None
@@ -298,11 +310,12 @@ class Encoder(_Stack):
         padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, T) or None
         bias = self._alibi(ids.shape[1], ids.device)  # (H, T, T) or None
         hidden_states, attentions = [x], []
-        for block in self.blocks:
-            x, weights = block(x, attention_mask=padding, bias=bias,
-                               return_weights=output_attentions)  # (B, T, D)
-            hidden_states.append(x)
-            attentions.append(weights)
+        with inputs_checked():  # checked at this model's boundary
+            for block in self.blocks:
+                x, weights = block(x, attention_mask=padding, bias=bias,
+                                   return_weights=output_attentions)  # (B, T, D)
+                hidden_states.append(x)
+                attentions.append(weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
             hidden_states[-1] = x
@@ -363,16 +376,20 @@ class DecoderLM(_Stack):
 
     def _check(self, ids, targets, attention_mask, encoder_hidden_states, name: str) -> None:
         check_token_ids(name, ids, self.config.vocab_size, self._max_len())
-        _check_targets(targets, ids, self.config.vocab_size)
+        _check_targets(targets, ids)
         _check_attention_mask("attention_mask", attention_mask, ids, name)
         if self.config.cross_attention and encoder_hidden_states is None:
             raise ValueError("this decoder has cross-attention: pass encoder_hidden_states= "
                              "(B, S, D), or use EncoderDecoder")
-        if encoder_hidden_states is not None and encoder_hidden_states.shape[0] != ids.shape[0]:
-            raise ValueError(
-                f"encoder_hidden_states has batch size {encoder_hidden_states.shape[0]} but "
-                f"{name} has batch size {ids.shape[0]}"
-            )
+        if encoder_hidden_states is not None:
+            require_ndim("encoder_hidden_states", encoder_hidden_states, (3,), "(B, S, D)")
+            require_features("encoder_hidden_states", encoder_hidden_states,
+                             self.config.d_model, "d_model")
+            if encoder_hidden_states.shape[0] != ids.shape[0]:
+                raise ValueError(
+                    f"encoder_hidden_states has batch size {encoder_hidden_states.shape[0]} but "
+                    f"{name} has batch size {ids.shape[0]}"
+                )
 
     def _decode(self, ids, targets, attention_mask, encoder_hidden_states,
                 encoder_attention_mask, output_attentions) -> LMOutput:
@@ -380,14 +397,15 @@ class DecoderLM(_Stack):
         padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, T) or None
         bias = self._alibi(ids.shape[1], ids.device)  # (H, T, T) or None
         self_attns, cross_attns = [], []
-        for block in self.blocks:
-            x, self_w, cross_w = block(
-                x, encoder_hidden_states, attention_mask=padding,
-                encoder_attention_mask=encoder_attention_mask, bias=bias,
-                return_weights=output_attentions,
-            )  # (B, T, D)
-            self_attns.append(self_w)
-            cross_attns.append(cross_w)
+        with inputs_checked():  # checked at this model's boundary
+            for block in self.blocks:
+                x, self_w, cross_w = block(
+                    x, encoder_hidden_states, attention_mask=padding,
+                    encoder_attention_mask=encoder_attention_mask, bias=bias,
+                    return_weights=output_attentions,
+                )  # (B, T, D)
+                self_attns.append(self_w)
+                cross_attns.append(cross_w)
         if self.final_norm is not None:
             x = self.final_norm(x)
         logits = self.lm_head(x)  # (B, T, V)
@@ -454,7 +472,7 @@ class EncoderDecoder(nn.Module):
         if tgt.shape[0] != src.shape[0]:
             raise ValueError(f"src has batch size {src.shape[0]} but tgt has batch size "
                              f"{tgt.shape[0]}; they must match")
-        _check_targets(targets, tgt, self.decoder.config.vocab_size)
+        _check_targets(targets, tgt)
         _check_attention_mask("tgt_attention_mask", tgt_attention_mask, tgt, "tgt")
         encoded, src_padding = self.encode(src, src_attention_mask, output_attentions)
         out = self.decoder._decode(tgt, targets, tgt_attention_mask, encoded.last_hidden_state,
@@ -490,5 +508,11 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             f"targets has shape {shape_of(targets)} but the logits are {shape_of(logits)}; "
             f"targets should be {tuple(logits.shape[:-1])}"
         )
-    # -log softmax(logits)[target], averaged over the scored positions
-    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX)
+    try:  # -log softmax(logits)[target], averaged over the scored positions
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(),
+                               ignore_index=IGNORE_INDEX)
+    except (IndexError, RuntimeError):
+        problem = _bad_targets(targets, logits.shape[-1]) if values_checked(targets) else None
+        if problem is None:
+            raise
+        raise ValueError(problem) from None

@@ -178,3 +178,48 @@ def test_generate_refuses_an_empty_prompt_and_bad_sampling_options():
         model.generate(prompt, 2.5)
     with pytest.raises(TypeError, match="temperature"):
         sample_next_token(torch.zeros(1, 3), temperature="hot")
+
+
+# ------------------------------------------------ checks skipped inside, never for the caller
+
+
+def test_a_block_called_directly_checks_its_masks():
+    block = EncoderBlock(8, 2)
+    with pytest.raises(ValueError, match="attention_mask must be a boolean tensor"):
+        block(torch.randn(2, 3, 8), attention_mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"mask has shape \(4, 4\), which does not broadcast"):
+        block(torch.randn(2, 3, 8), mask=torch.ones(4, 4, dtype=torch.bool))
+    cross = DecoderBlock(8, 2, cross_attention=True)
+    with pytest.raises(ValueError, match=r"context has shape \(2, 5, 6\) but its last dimension "
+                                         r"should be d_model=8"):
+        cross(torch.randn(2, 3, 8), torch.randn(2, 5, 6))
+
+
+def test_checks_skipped_inside_a_model_are_back_for_the_next_call():
+    model = _gpt()
+    model(torch.zeros(1, 4, dtype=torch.long))  # runs its blocks with the inner checks off
+    attention = model.blocks[0].self_attn
+    with pytest.raises(ValueError, match="x has dtype torch.float64"):
+        attention(torch.zeros(1, 4, 8, dtype=torch.float64))
+
+    def fail(*_):
+        raise RuntimeError("a failure inside the model")
+
+    handle = model.blocks[0].ff.register_forward_hook(fail)
+    with pytest.raises(RuntimeError, match="a failure inside"):  # must not leave checks off
+        model(torch.zeros(1, 4, dtype=torch.long))
+    handle.remove()
+    with pytest.raises(ValueError, match="x has dtype torch.float64"):
+        attention(torch.zeros(1, 4, 8, dtype=torch.float64))
+
+
+def test_forward_hooks_still_see_every_inner_module():
+    model = _gpt(n_layers=2)
+    seen = []
+    for name, module in model.named_modules():
+        if name:
+            module.register_forward_hook(lambda m, i, o, name=name: seen.append(name))
+    model(torch.zeros(1, 4, dtype=torch.long))
+    for i in range(2):
+        assert {f"blocks.{i}.self_attn", f"blocks.{i}.ff", f"blocks.{i}.attn_norm",
+                f"blocks.{i}.ff_norm"} <= set(seen)
