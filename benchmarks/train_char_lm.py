@@ -20,6 +20,10 @@ more per update but still won within the budget); the same number of tokens in b
 24 or 32, or with a context of 128, gave 1.80 to 1.82; dropout 0.1 gave 1.85; within the
 130 s budget a peak of 5e-3 gave 1.80 against 1.77 for 3e-3.
 
+``python -m benchmarks.compare_char_lm`` trains the reference configuration side by side with
+a minimal plain-PyTorch GPT (``benchmarks/minimal_gpt.py``) on the same batches and reports the
+ratio of their update times.
+
 The output is a small table: milliseconds per update (updates only), total seconds
 (evaluations included), the last evaluation's train and validation losses (20 random batches
 each, as during training) and the loss over the whole validation text (less noisy).
@@ -36,8 +40,10 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.data import CharTokenizer, shakespeare_text, train_val_split
-from course_lib.models import DecoderConfig, TransformerDecoder, count_parameters
+from course_lib.configs import DecoderConfig
+from course_lib.corpus import shakespeare_text, train_val_split
+from course_lib.models import DecoderLM, count_parameters
+from course_lib.tokenizer import CharTokenizer
 from course_lib.train import TrainConfig, TrainHistory, lm_batches, train
 
 
@@ -97,6 +103,12 @@ def model_config(setup: Setup, vocab_size: int) -> DecoderConfig:
     )
 
 
+def build_model(setup: Setup, vocab_size: int, seed: int) -> DecoderLM:
+    """The benchmark's model for ``setup``, initialised after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return DecoderLM(model_config(setup, vocab_size))
+
+
 def load_corpus(plays: str) -> tuple[CharTokenizer, torch.Tensor, torch.Tensor]:
     """The tokenizer and the train / validation token streams of the corpus."""
     text = shakespeare_text(plays)
@@ -115,10 +127,9 @@ def run(
     seed: int,
     progress: bool,
     desc: str,
-) -> tuple[TransformerDecoder, TrainHistory]:
+) -> tuple[DecoderLM, TrainHistory]:
     """Build the model for ``setup``, train it, and return it with its history."""
-    torch.manual_seed(seed)
-    model = TransformerDecoder(model_config(setup, tokenizer.vocab_size)).to(device)
+    model = build_model(setup, tokenizer.vocab_size, seed).to(device)
     # Separate generators so the batches do not depend on anything else that draws numbers.
     train_batches = lm_batches(train_ids, setup.batch_size, setup.block_size,
                                generator=torch.Generator().manual_seed(seed + 1))
@@ -130,7 +141,7 @@ def run(
 
 
 @torch.no_grad()
-def full_loss(model: TransformerDecoder, ids: torch.Tensor, block_size: int,
+def full_loss(model: DecoderLM, ids: torch.Tensor, block_size: int,
               batch_size: int = 256) -> float:
     """Mean next-character loss over a whole token stream, cut into non-overlapping windows.
 
