@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import os
 
-# Notebook kernels started by the tests (nbval, the grader, JupyterLab) inherit this: with one
-# thread, a seeded training run gives the same numbers however many cores the machine has
-# (reductions split across threads add up in another order), so stored outputs compare exactly.
-# Tiny models also train faster single-threaded. Set before anything starts a kernel.
-os.environ["OMP_NUM_THREADS"] = "1"
+# The environment of every kernel the tests start (one thread, pinned vector kernels) is set
+# in pyproject.toml ([tool.pytest.ini_options] env), so stored outputs compare exactly.
 
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+import pytest
+from hypothesis import HealthCheck, settings
 
-from course_lib.device import available_devices  # noqa: E402
+from course_lib.device import available_devices
 
 # Property tests: enough examples to find shape edge cases, no deadline (CPU speed varies).
 settings.register_profile(
