@@ -146,6 +146,46 @@ def _all_cells_done(page, n_code_cells: int) -> bool:
     )
 
 
+def _first_image(box) -> str:
+    images = box.locator("img")
+    return images.first.get_attribute("src") if images.count() else ""
+
+
+def _change_first_control(page, box) -> str:
+    """Give the first control of an ``interactive`` box a new value, as a learner would: pick
+    another option of a drop-down, or type the other end of a slider's range into its readout.
+    Returns what was changed, for messages."""
+    select = box.locator("select")
+    if select.count():
+        options = select.first.locator("option")
+        current = select.first.evaluate("s => s.selectedIndex")
+        select.first.select_option(index=(current + 1) % options.count())
+        return "drop-down"
+    handle = box.locator(".noUi-handle").first
+    low, high, now = (float(handle.get_attribute(a))
+                      for a in ("aria-valuemin", "aria-valuemax", "aria-valuenow"))
+    target = low if now != low else high
+    readout = box.locator(".widget-readout").first
+    readout.click()
+    page.keyboard.press("Control+a")
+    page.keyboard.type(f"{target:g}")
+    page.keyboard.press("Enter")
+    return f"slider to {target:g}"
+
+
+def _widget_redraws(page) -> None:
+    """Change the first widget's first control and wait for its figure to be redrawn."""
+    box = page.locator(".jp-OutputArea-output .widget-interact").first
+    box.scroll_into_view_if_needed()
+    before = _first_image(box)
+    what = _change_first_control(page, box)
+    deadline = time.time() + 60
+    while _first_image(box) in ("", before):
+        if time.time() > deadline:
+            pytest.fail(f"changing the first widget's {what} did not redraw its figure")
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("path", LECTURES, ids=[p.stem for p in LECTURES])
 def test_lecture_runs_in_jupyterlab(lab, browser, path):
     nb = nbformat.read(path, as_version=4)
@@ -178,6 +218,9 @@ def test_lecture_runs_in_jupyterlab(lab, browser, path):
         if widgets:
             page.locator(".jp-OutputArea-output .jupyter-widgets").first.scroll_into_view_if_needed()
             page.screenshot(path=str(SCREENSHOTS / f"{path.stem}-widget.png"))
+        if page.locator(".jp-OutputArea-output .widget-interact img").count():
+            _widget_redraws(page)
+            page.screenshot(path=str(SCREENSHOTS / f"{path.stem}-widget-changed.png"))
 
         page.keyboard.press("Control+s")  # save the copy so its outputs can be read back
         time.sleep(2)
