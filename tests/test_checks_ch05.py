@@ -12,12 +12,14 @@ import torch.nn.functional as F
 from course_lib import attention
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch05 import (
+    bidirectional_in_example_0,
     causal_layer,
     causal_with_rounding_noise,
     check_causal_mask,
     check_masked_attention,
     check_padding_mask,
     check_who_sees_whom,
+    feature_0_sees_next,
     off_by_one_layer,
     previous_token,
 )
@@ -393,7 +395,35 @@ def who_in_place(f, x, atol=1e-5):
     return sees
 
 
+def who_every_example(f, x, atol=1e-5):
+    """Combines the batch's examples with all() instead of any()."""
+    batch, seq_len = x.shape[:2]
+    base = f(x)
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y = x.clone()
+        y[:, j] = torch.randn_like(y[:, j])
+        moved = (f(y) - base).abs().reshape(batch, seq_len, -1).amax(-1)  # (B, T)
+        sees[:, j] = (moved > atol).all(0)
+    return sees
+
+
+def who_min_features(f, x, atol=1e-5):
+    """Reduces over the features with min: every feature has to move."""
+    batch, seq_len = x.shape[:2]
+    base = f(x)
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y = x.clone()
+        y[:, j] = torch.randn_like(y[:, j])
+        moved = (f(y) - base).abs().reshape(batch, seq_len, -1).amin(-1)  # (B, T)
+        sees[:, j] = (moved > atol).any(0)
+    return sees
+
+
 WRONG_WHO = {
+    "all() over the batch": (who_every_example, "EVERY example"),
+    "min over the features": (who_min_features, "ANY of its numbers"),
     "transposed": (lambda f, x, atol=1e-5: who_loop(f, x, atol).T, "transposed"),
     "diagonal only": (who_diagonal, "diagonal only"),
     "exact comparison": (who_exact, "rounding"),
@@ -424,6 +454,9 @@ def test_the_probed_functions_have_the_dependences_their_docstrings_claim():
     assert torch.equal(who_sees_whom(off_by_one_layer, x), torch.tril(ones, diagonal=1))
     assert torch.equal(who_sees_whom(previous_token, x), torch.tril(ones, -1) & torch.triu(ones, -1))
     assert torch.equal(who_sees_whom(causal_with_rounding_noise, x), torch.tril(ones))
+    per_example = who_sees_whom(bidirectional_in_example_0, x, per_example=True)  # (B, T, T)
+    assert torch.equal(per_example[0], ones) and torch.equal(per_example[1], torch.tril(ones))
+    assert torch.equal(who_sees_whom(feature_0_sees_next, x), torch.tril(ones, diagonal=1))
     assert who_sees_whom(causal_with_rounding_noise, x, atol=0.0, rtol=0.0).all()
 
 

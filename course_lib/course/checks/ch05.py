@@ -375,8 +375,42 @@ def causal_logits(x: torch.Tensor) -> torch.Tensor:
     return _probe_layers()[1](causal_layer(x))
 
 
+def bidirectional_in_example_0(x: torch.Tensor) -> torch.Tensor:
+    """Example 0 goes through an unmasked layer, the others through a causal one: output i
+    sees the later inputs in example 0 only."""
+    return torch.cat([bidirectional_layer(x[:1]), causal_layer(x[1:])], dim=0)
+
+
+def feature_0_sees_next(x: torch.Tensor) -> torch.Tensor:
+    """A causal layer whose feature 0 also reads the next input: output i sees input i + 1
+    through one of its D numbers only."""
+    out = causal_layer(x)
+    ahead = torch.cat([x[:, 1:, :1], torch.zeros_like(x[:, :1, :1])], dim=1)  # (B, T, 1)
+    return torch.cat([out[..., :1] + ahead, out[..., 1:]], dim=-1)
+
+
 def _who_reference(f: Callable, x: torch.Tensor, atol: float = 1e-5) -> torch.Tensor:
     return reference_who_sees_whom(f, x, atol=atol, rtol=0.0, n_trials=2)
+
+
+def _who_every_example(f: Callable, x: torch.Tensor, atol: float = 1e-5) -> torch.Tensor:
+    per_example = reference_who_sees_whom(f, x, atol=atol, rtol=0.0, n_trials=2,
+                                          per_example=True)  # (B, T, T)
+    return per_example.all(0)
+
+
+def _who_every_feature(f: Callable, x: torch.Tensor, atol: float = 1e-5) -> torch.Tensor:
+    """The mistake of reducing over the features with min: a dependence must move them all."""
+    gen = torch.Generator().manual_seed(0)
+    base = f(x)
+    batch, seq_len = base.shape[:2]
+    sees = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for j in range(seq_len):
+        y = x.clone()
+        y[:, j] = torch.randn(y[:, j].shape, generator=gen, dtype=y.dtype)
+        moved = (f(y) - base).abs().reshape(batch, seq_len, -1)  # (B, T, features)
+        sees[:, j] = (moved.amin(-1) > atol).any(0)
+    return sees
 
 
 WHO_MISTAKES = [
@@ -412,6 +446,19 @@ WHO_MISTAKES = [
         "a time, starting again from the original x for each j",
     ),
     Misconception(
+        _who_every_example,
+        "Your matrix marks a dependence only when output i changed in EVERY example of the "
+        "batch. A dependence that shows up in one example is still a dependence (a future leak "
+        "in one sequence is a leak): combine the examples with any(), not all()",
+    ),
+    Misconception(
+        _who_every_feature,
+        "Your matrix misses dependences that move only some of output i's numbers: you seem "
+        "to require every feature to change (a min, or all(), over the features). Output i "
+        "sees input j when ANY of its numbers moves by more than atol: reduce the features "
+        "with a max (amax)",
+    ),
+    Misconception(
         lambda f, x, atol=1e-5: ~_who_reference(f, x, atol),
         "Your matrix is inverted: True should mean 'output i changed when input j was "
         "replaced'",
@@ -431,6 +478,10 @@ def _who_cases(seed: int) -> list[Case]:
              (causal_with_rounding_noise, rand(gen, 2, 5, D_PROBE))),
         Case("causal layer then 3 outputs per position, T=4",
              (causal_logits, rand(gen, 1, 4, D_PROBE))),
+        Case("unmasked in example 0, causal in example 1, T=4",
+             (bidirectional_in_example_0, rand(gen, 2, 4, D_PROBE))),
+        Case("causal, but feature 0 also reads the next input, T=5",
+             (feature_0_sees_next, rand(gen, 2, 5, D_PROBE))),
         Case("T=1", (causal_layer, rand(gen, 2, 1, D_PROBE))),
     ]
 
@@ -440,8 +491,9 @@ def check_who_sees_whom(who_sees_whom: Callable) -> None:
     of ``f`` changes by more than atol after input j of ``x`` (B, T, D) is replaced.
 
     The functions probed: causal, unmasked and off-by-one attention layers, a "previous token"
-    function (the diagonal is not seen), a causal layer with rounding noise, and a layer with
-    a different output size.
+    function (the diagonal is not seen), a causal layer with rounding noise, a layer with a
+    different output size, a batch whose examples differ (a dependence in one example only)
+    and a layer with a dependence in one feature only.
 
     Args:
         who_sees_whom: the learner's function.
