@@ -5,26 +5,31 @@ Every notebook imports its implementations from here; nothing is defined twice.
 The model library, bottom-up:
     device      get_device, seed_everything, best_time, num_threads
     rnn         the Elman RNN, one step and a whole sequence, gradient norms by distance
-    attention   scores, softmax, scaled dot-product attention, masks, MultiHeadAttention
+    attention   scores, softmax, scaled dot-product attention, masks, split_heads /
+                merge_heads, MultiHeadAttention
     positions   learned, sinusoidal, ALiBi and rotary position representations
-    layers      FeedForward, LayerNorm (from the equations)
+    layers      FeedForward, LayerNorm and RMSNorm (from the equations)
     blocks      EncoderBlock, DecoderBlock (pre- or post-norm, optional cross-attention)
     configs     EncoderConfig, DecoderConfig, EncoderDecoderConfig, the models' outputs
     models      Encoder, DecoderLM, EncoderDecoder, lm_loss, parameter counts
-    generation  sampling (temperature, top-k) and generation loops
+    generation  sampling (temperature, top-k, top-p), generation loops, the key/value cache
+    efficient   chunked (online-softmax), sliding-window and low-rank attention; peak memory
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
-    tasks       synthetic tasks: copy, reverse, sort, long-range recall, date translation
-    metrics     token and sequence accuracy
+    tasks       synthetic tasks: copy, reverse, sort, long-range recall, date translation,
+                word-order translation with a known alignment
+    metrics     token and sequence accuracy, the alignment score of cross-attention
     train       a small training loop (AdamW, warm-up and cosine decay, clipping, evaluation)
     pretrained  a real pretrained BERT encoder (all-MiniLM-L6-v2) in our own Encoder
-    probes      black-box tests of which outputs depend on which inputs (future leaks)
-    viz         attention heatmaps, the course's plot style, widgets
+    probes      black-box tests of which outputs depend on which inputs (future leaks), head
+                ablation, per-layer gradient norms, head roles
+    divergence  the first submodule where two implementations of one network disagree
+    viz         attention heatmaps, a real model's head view, the course's plot style, widgets
 
 The course's tooling (graded checks, the exercise generator, the grader, the Colab set-up) is
 in ``course_lib.course``; it imports the model library, never the other way round.
 
-The heavier modules (corpus, train, pretrained, probes, viz) are imported on demand:
+The heavier modules (corpus, train, pretrained, probes, divergence, viz) are imported on demand:
 ``from course_lib.pretrained import load_pretrained_encoder``.
 """
 
@@ -32,14 +37,17 @@ from .attention import (
     MultiHeadAttention,
     attention_scores,
     causal_mask,
+    merge_heads,
     padding_mask,
     scaled_dot_product_attention,
     softmax,
+    split_heads,
 )
 from .blocks import DecoderBlock, EncoderBlock
 from .configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
 from .device import best_time, get_device, num_threads, seed_everything
-from .layers import FeedForward, LayerNorm, layer_norm
+from .efficient import chunked_attention, sliding_window_attention
+from .layers import FeedForward, LayerNorm, RMSNorm, layer_norm, rms_norm
 from .models import DecoderLM, Encoder, EncoderDecoder, count_parameters, parameter_breakdown
 from .positions import (
     LearnedPositionalEmbedding,
@@ -68,6 +76,7 @@ __all__ = [
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
+    "RMSNorm",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "alibi_bias",
@@ -76,18 +85,23 @@ __all__ = [
     "attention_scores",
     "best_time",
     "causal_mask",
+    "chunked_attention",
     "count_parameters",
     "elman_forward",
     "elman_step",
     "get_device",
     "gradient_norms",
     "layer_norm",
+    "merge_heads",
     "num_threads",
     "padding_mask",
     "parameter_breakdown",
+    "rms_norm",
     "scaled_dot_product_attention",
     "seed_everything",
     "sequential_depth",
     "sinusoidal_encoding",
+    "sliding_window_attention",
     "softmax",
+    "split_heads",
 ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ from ._validate import (
     shape_of,
 )
 from .positions import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from .generation import LayerKVCache
 
 _MASK_SHAPES = "(T, S), (H, T, S), (B, 1, T, S) or (B, H, T, S), broadcastable to the scores"
 
@@ -236,15 +240,42 @@ def padding_mask(
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, T, D) -> (B, H, T, D/H): give each head its own slice of the model dimension.
 
-    The transpose matters: a plain ``view(B, H, T, Dh)`` would also have the right shape, but it
-    would cut the (T, D) block row-major and hand each head a mixture of positions.
+    Head h gets features ``h*Dh .. (h+1)*Dh - 1`` of every position. The transpose matters: a
+    plain ``view(B, H, T, Dh)`` would also have the right shape, but it would cut the (T, D)
+    block row-major and hand each head a mixture of positions.
+
+    Args:
+        x: (B, T, D), e.g. the queries of every head side by side, ``x @ W_q.T``.
+        n_heads: H, which must divide D.
+
+    Returns:
+        (B, H, T, Dh), a view of ``x`` (no copy): the heads as a batch axis.
     """
+    require_ndim("x", x, (3,), "(B, T, D)")
+    _check_heads(x.shape[-1], n_heads)
+    return _split_heads(x, n_heads)
+
+
+def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     batch, seq_len, d_model = x.shape
     return x.view(batch, seq_len, n_heads, d_model // n_heads).transpose(1, 2)  # (B, H, T, Dh)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, Dh) -> (B, T, H*Dh): concatenate the heads' outputs again."""
+    """(B, H, T, Dh) -> (B, T, H*Dh): concatenate the heads' outputs again, the inverse of
+    :func:`split_heads` (head h fills features ``h*Dh .. (h+1)*Dh - 1`` of each position).
+
+    Args:
+        x: (B, H, T, Dh), one output per head and position.
+
+    Returns:
+        (B, T, D) with D = H * Dh, the concatenation of eq. 24 before the output projection.
+    """
+    require_ndim("x", x, (4,), "(B, H, T, Dh)")
+    return _merge_heads(x)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     batch, n_heads, seq_len, d_head = x.shape
     return x.transpose(1, 2).reshape(batch, seq_len, n_heads * d_head)  # (B, T, D)
 
@@ -336,6 +367,7 @@ class MultiHeadAttention(nn.Module):
         bias: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
+        past_key_value: LayerKVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``x`` to ``context`` (or to ``x`` itself).
 
@@ -348,12 +380,22 @@ class MultiHeadAttention(nn.Module):
             bias: float added to the scores, broadcastable to (B, H, T, S) (e.g. ALiBi).
             is_causal: also apply the future mask (query t sees keys s <= t).
             return_weights: also return the attention weights (uses the math path).
+            past_key_value: self-attention only: a :class:`~course_lib.generation.LayerKVCache`
+                holding the keys and values of the S - T positions before ``x``; the new ones
+                are appended and the T queries attend to all S (masks, biases and
+                ``attention_mask`` then cover all S keys; the causal mask aligns the queries
+                with the last T keys). One layer's cache: Hugging Face's layers instead receive
+                the whole cache and their ``layer_idx``.
 
         Returns:
             ``(out, weights)`` with out (B, T, D) and weights (B, H, T, S) or None.
         """
         if checks_wanted():
-            check_attention_inputs(self, x, context, mask, attention_mask, bias)
+            n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
+            check_attention_inputs(self, x, context, mask, attention_mask, bias, n_past=n_past)
+            if past_key_value is not None and context is not None:
+                raise ValueError("past_key_value caches self-attention keys and values; "
+                                 "cross-attention (context=...) takes none")
         unbatched = x.dim() == 2
         if unbatched:
             x = x[None]
@@ -361,9 +403,14 @@ class MultiHeadAttention(nn.Module):
             attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
 
         q, k, v = self._project(x, context)  # (B, T, D), (B, S, D), (B, S, D)
-        q, k, v = (split_heads(t, self.n_heads) for t in (q, k, v))  # (B, H, T|S, Dh)
+        q, k, v = (_split_heads(t, self.n_heads) for t in (q, k, v))  # (B, H, T|S, Dh)
+        offset = 0 if past_key_value is None else past_key_value.get_seq_length()
         if self.rotary is not None and context is None:
-            q, k = self.rotary(q), self.rotary(k)
+            positions = None if offset == 0 else torch.arange(
+                offset, offset + q.shape[2], device=q.device)  # (T,): after the cached ones
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        if past_key_value is not None:  # keys and values of the earlier positions, then ours
+            k, v = past_key_value.update(k, v)  # (B, H, S, Dh) each
         dropout_p = self.dropout if self.training else 0.0
         if return_weights:
             keep = combine_masks(mask, attention_mask, is_causal, q.shape[2], k.shape[2], x.device)
@@ -373,7 +420,7 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = _fused_attention(q, k, v, mask, attention_mask, bias, is_causal,
                                             dropout_p), None  # (B, H, T, Dh)
-        out = self.out_proj(merge_heads(out))  # (B, T, D)
+        out = self.out_proj(_merge_heads(out))  # (B, T, D)
         if unbatched:
             return out[0], None if weights is None else weights[0]
         return out, weights
@@ -442,8 +489,11 @@ def check_attention_inputs(
     mask: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
     bias: torch.Tensor | None,
+    *,
+    n_past: int = 0,
 ) -> None:
-    """Shapes and dtypes only (no value is read, so this costs nothing on a GPU)."""
+    """Shapes and dtypes only (no value is read, so this costs nothing on a GPU). ``n_past``
+    cached keys come before the ones computed from ``x`` (self-attention with a cache)."""
     require_ndim("x", x, (2, 3), "(B, T, D) or (T, D)")
     require_features("x", x, layer.d_model, "d_model")
     require_dtype_of("x", x, layer.out_proj.weight, "this attention layer's weights")
@@ -462,13 +512,14 @@ def check_attention_inputs(
             )
         src = context
     batch = x.shape[0] if batched else 1
-    scores_shape = (batch, layer.n_heads, x.shape[-2], src.shape[-2])
+    n_keys = src.shape[-2] + n_past
+    scores_shape = (batch, layer.n_heads, x.shape[-2], n_keys)
     if mask is not None:
         require_bool_mask("mask", mask)
         require_broadcastable("mask", mask, scores_shape, _MASK_SHAPES)
     if attention_mask is not None:
         require_bool_mask("attention_mask", attention_mask)
-        expected = (batch, src.shape[-2]) if batched else (src.shape[-2],)
+        expected = (batch, n_keys) if batched else (n_keys,)
         if tuple(attention_mask.shape) != expected:
             raise ValueError(
                 f"attention_mask has shape {shape_of(attention_mask)} but should be "

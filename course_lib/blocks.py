@@ -15,12 +15,17 @@ function written from the equations, and a test proves they agree.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from ._validate import checks_wanted, inputs_checked, require_ndim
 from .attention import MultiHeadAttention, check_attention_inputs
 from .layers import FeedForward, dropout_layer
+
+if TYPE_CHECKING:
+    from .generation import LayerKVCache
 
 
 def _check_block_input(x: object, attention: MultiHeadAttention, **attention_inputs) -> None:
@@ -146,6 +151,7 @@ class DecoderBlock(nn.Module):
         encoder_attention_mask: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         return_weights: bool = False,
+        past_key_value: LayerKVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Args:
             x: (B, T, D) the decoder's stream.
@@ -154,11 +160,16 @@ class DecoderBlock(nn.Module):
             encoder_attention_mask: (B, S) boolean, True for real source tokens.
             bias: added to the self-attention scores (e.g. ALiBi).
             return_weights: also return the attention weights.
+            past_key_value: the self-attention's cache of earlier positions' keys and values
+                (see :meth:`MultiHeadAttention.forward`); attention_mask and bias then cover
+                the cached positions too.
         """
         if checks_wanted():
-            self._check(x, encoder_hidden_states, attention_mask, encoder_attention_mask, bias)
+            n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
+            self._check(x, encoder_hidden_states, attention_mask, encoder_attention_mask, bias,
+                        n_past)
         self_kw = dict(attention_mask=attention_mask, bias=bias, is_causal=True,
-                       return_weights=return_weights)
+                       return_weights=return_weights, past_key_value=past_key_value)
         cross_kw = dict(attention_mask=encoder_attention_mask, return_weights=return_weights)
         cross_weights = None
         with inputs_checked():  # the sublayers trust what was checked here
@@ -181,9 +192,9 @@ class DecoderBlock(nn.Module):
 
     def _check(self, x: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
                attention_mask: torch.Tensor | None, encoder_attention_mask: torch.Tensor | None,
-               bias: torch.Tensor | None) -> None:
+               bias: torch.Tensor | None, n_past: int = 0) -> None:
         _check_block_input(x, self.self_attn, context=None, mask=None,
-                           attention_mask=attention_mask, bias=bias)
+                           attention_mask=attention_mask, bias=bias, n_past=n_past)
         if self.cross_attn is not None and encoder_hidden_states is not None:
             require_ndim("encoder_hidden_states", encoder_hidden_states, (3,), "(B, S, D)")
             check_attention_inputs(self.cross_attn, x, encoder_hidden_states, None,

@@ -1,30 +1,115 @@
 """Autoregressive generation: pick the next token from the logits, append it, repeat.
 
-Shape legend: B batch, T prompt length, S source length, V vocabulary.
+Shape legend: B batch, T prompt (or new-token) length, S source length (or cached length),
+V vocabulary, H heads, Dh head dim.
 
-The loops call the model's ``forward`` on the whole context at every step (no key/value cache),
-which is the plainest form of generation: the model sees at most its last ``max_len`` tokens.
+Picking the next token:
+    * greedy (``temperature=0``): always the most likely token. Treating temperature 0 as
+      greedy is a course_lib convention (the limit tau -> 0); Hugging Face's ``generate``
+      requires temperature > 0 and selects greedy decoding with ``do_sample=False``;
+    * temperature: divide the logits by it before the softmax (< 1 sharpens, > 1 flattens);
+    * top-k: keep only the k most likely tokens;
+    * top-p (nucleus): keep the smallest set of most likely tokens whose probability adds up
+      to at least p.
+The filters apply in that order (temperature, then top-k, then top-p, as in Hugging Face's
+``generate``); the kept tokens' probabilities are renormalised and one token is drawn.
+
+Generating with or without a key/value cache gives the same tokens. Without one, every step
+runs the model on the whole context again; with one (``use_cache=True``), each self-attention
+layer keeps the keys and values of the positions it has already processed
+(:class:`KVCache`), so a step only computes the new token's. The model sees at most its last
+``max_len`` tokens: once the sequence is longer, every position of the window shifts at every
+step, so the cached keys no longer apply and each step runs on the whole window again.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
 
-from ._validate import check_token_ids, require_ndim, require_positive_int
+from ._validate import (
+    WrongTypeError,
+    check_token_ids,
+    require_bool,
+    require_ndim,
+    require_positive_int,
+)
 
 if TYPE_CHECKING:
     from .models import DecoderLM, EncoderDecoder
 
 
-def _check_sampling(temperature: object, top_k: object) -> None:
+# --------------------------------------------------------------------------------------------
+# Choosing the next token
+
+
+def _check_sampling(temperature: object, top_k: object, top_p: object = None) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+        raise WrongTypeError(
+            f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}"
+        )
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be >= 0 and finite (0 means greedy), "
+                         f"got {temperature}")
     if top_k is not None:
         require_positive_int("top_k", top_k)
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+            raise WrongTypeError(f"top_p must be a number in (0, 1] or None, got {top_p!r}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(
+                f"top_p must be in (0, 1] (the probability mass to keep; 1 keeps every token), "
+                f"got {top_p}"
+            )
+
+
+def _filtered_logits(logits: torch.Tensor, temperature: float, top_k: int | None,
+                     top_p: float | None) -> torch.Tensor:
+    """Tempered logits with the tokens outside top-k and top-p set to -inf (temperature > 0)."""
+    logits = logits.float() / temperature  # (B, V)
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1), the k-th largest
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        probs = torch.softmax(logits, dim=-1)  # (B, V)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        # mass of the tokens ranked before each one; once it reaches p the set is complete,
+        # so the token that crosses p is kept and every later one is dropped
+        cumulative = torch.cumsum(sorted_probs, dim=-1)  # (B, V)
+        before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=-1)
+        drop_sorted = before >= top_p  # (B, V); the most likely token always stays
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V), vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def next_token_probs(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """The distribution :func:`sample_next_token` draws from.
+
+    Args:
+        logits: (B, V) unnormalised scores.
+        temperature: > 0 divides the logits; 0 means greedy (all mass on the argmax).
+        top_k: keep only the k highest logits.
+        top_p: keep the smallest set of most likely tokens whose probability (after the
+            temperature and top-k) adds up to at least top_p, in (0, 1].
+
+    Returns:
+        (B, V) float32 probabilities: zero outside the kept tokens, each row summing to 1.
+    """
+    require_ndim("logits", logits, (2,), "(B, V)")
+    _check_sampling(temperature, top_k, top_p)
+    if temperature == 0:
+        greedy = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, greedy, 1.0)
+    return torch.softmax(_filtered_logits(logits, temperature, top_k, top_p), dim=-1)  # (B, V)
 
 
 def sample_next_token(
@@ -32,6 +117,7 @@ def sample_next_token(
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Pick one token per row of (B, V) logits.
@@ -40,28 +126,119 @@ def sample_next_token(
         logits: (B, V) unnormalised scores.
         temperature: > 0 divides the logits (lower is more conservative); 0 means greedy.
         top_k: keep only the k highest logits before sampling.
+        top_p: nucleus sampling: keep the smallest set of most likely tokens whose
+            probability adds up to at least top_p, in (0, 1].
         generator: a torch.Generator for repeatable sampling.
 
     Returns:
         (B,) token ids.
     """
     require_ndim("logits", logits, (2,), "(B, V)")
-    _check_sampling(temperature, top_k)
-    return _sample(logits, temperature, top_k, generator)
+    _check_sampling(temperature, top_k, top_p)
+    return _sample(logits, temperature, top_k, generator, top_p)
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int | None,
-            generator: torch.Generator | None) -> torch.Tensor:
+            generator: torch.Generator | None, top_p: float | None = None) -> torch.Tensor:
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
-    logits = logits.float() / temperature  # (B, V)
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1), the k-th largest
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # (B, V)
+    probs = torch.softmax(_filtered_logits(logits, temperature, top_k, top_p), dim=-1)  # (B, V)
     if generator is not None and generator.device != probs.device:
         probs = probs.to(generator.device)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+# --------------------------------------------------------------------------------------------
+# The key/value cache
+
+
+class LayerKVCache:
+    """The keys and values one self-attention layer has computed so far (what Hugging Face
+    calls a ``DynamicLayer``): each call appends the new positions' keys and values.
+
+    This is what :class:`~course_lib.attention.MultiHeadAttention` takes as
+    ``past_key_value``: one layer's cache. (Hugging Face's attention layers instead receive
+    the whole cache together with their ``layer_idx`` and call ``cache.update(k, v,
+    layer_idx)``; course_lib's models pick the layer's entry, ``KVCache.layer(i)``, for it.)
+
+    Attributes:
+        keys, values: (B, H, S, Dh) for the S positions seen so far, or None while empty.
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new positions' keys and values, (B, H, T, Dh) each, and return every
+        position's, (B, H, S + T, Dh) each: what the new queries attend to."""
+        if self.keys is None:
+            self.keys, self.values = key_states, value_states
+        else:
+            self.keys = torch.cat([self.keys, key_states], dim=-2)  # (B, H, S + T, Dh)
+            self.values = torch.cat([self.values, value_states], dim=-2)  # (B, H, S + T, Dh)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        """S, the number of positions cached."""
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` positions (a negative value drops that many from the
+        end), e.g. to take back tokens that were rejected."""
+        if self.keys is not None:
+            keep = max_length if max_length >= 0 else max(self.get_seq_length() + max_length, 0)
+            self.keys = self.keys[..., :keep, :]
+            self.values = self.values[..., :keep, :]
+
+
+class KVCache:
+    """The keys and values of every self-attention layer of a decoder, for the positions it
+    has processed (Hugging Face's ``DynamicCache``, in miniature).
+
+    Pass one as ``past_key_values=`` to :class:`~course_lib.models.DecoderLM`: the model feeds
+    only the new tokens through its layers, each layer appends their keys and values here,
+    and the new queries attend to every cached position. The cache is filled in place.
+
+    Attributes:
+        layers: one :class:`LayerKVCache` per layer, created as the layers first use them.
+    """
+
+    def __init__(self) -> None:
+        self.layers: list[LayerKVCache] = []
+
+    def layer(self, layer_idx: int) -> LayerKVCache:
+        """The cache of layer ``layer_idx`` (created empty on first use)."""
+        while len(self.layers) <= layer_idx:
+            self.layers.append(LayerKVCache())
+        return self.layers[layer_idx]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append keys and values (B, H, T, Dh) to layer ``layer_idx``; return all of them."""
+        return self.layer(layer_idx).update(key_states, value_states)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The number of positions cached (in layer ``layer_idx``; 0 when empty)."""
+        return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` positions in every layer (negative: drop from the end)."""
+        for layer in self.layers:
+            layer.crop(max_length)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        return f"KVCache(layers={len(self.layers)}, seq_length={self.get_seq_length()})"
+
+
+# --------------------------------------------------------------------------------------------
+# Generation loops
 
 
 @torch.no_grad()
@@ -72,7 +249,9 @@ def generate(
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     generator: torch.Generator | None = None,
+    use_cache: bool = False,
 ) -> torch.Tensor:
     """Extend a prompt by sampling one token at a time from a decoder language model.
 
@@ -82,13 +261,18 @@ def generate(
         max_new_tokens: how many tokens to add.
         temperature: divides the logits; 0 means greedy (always the most likely token).
         top_k: sample only among the k most likely tokens.
+        top_p: sample only among the smallest set of most likely tokens with probability
+            mass >= top_p (nucleus sampling).
         generator: a torch.Generator for repeatable sampling.
+        use_cache: keep every layer's keys and values (:class:`KVCache`), so each step
+            computes only the new token's; the tokens are the same as without it.
 
     Returns:
         (B, T + max_new_tokens) token ids (or 1-D for a 1-D prompt).
     """
     require_positive_int("max_new_tokens", max_new_tokens)
-    _check_sampling(temperature, top_k)
+    _check_sampling(temperature, top_k, top_p)
+    require_bool("use_cache", use_cache)
     unbatched = isinstance(ids, torch.Tensor) and ids.dim() == 1
     if unbatched:
         ids = ids[None]
@@ -96,14 +280,33 @@ def generate(
     was_training = model.training
     model.eval()
     try:
+        cache = KVCache() if use_cache else None
         for _ in range(max_new_tokens):
-            context = ids[:, -model.config.max_len:]  # (B, <= max_len)
-            logits = model(context).logits[:, -1, :]  # (B, V)
-            next_id = _sample(logits, temperature, top_k, generator)  # (B,)
+            logits = _next_logits(model, ids, cache)  # (B, V)
+            next_id = _sample(logits, temperature, top_k, generator, top_p)  # (B,)
             ids = torch.cat([ids, next_id[:, None]], dim=1)  # (B, T + 1)
     finally:
         model.train(was_training)
     return ids[0] if unbatched else ids
+
+
+def _next_logits(model: DecoderLM, ids: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    """The logits of the token after ``ids`` (B, L): from the cache while the sequence fits in
+    the context, else from the last max_len tokens."""
+    max_len, pad_id = model.config.max_len, model.config.pad_id
+    if cache is None or ids.shape[1] > max_len:
+        return model(ids[:, -max_len:]).logits[:, -1, :]  # (B, V)
+    new = ids[:, cache.get_seq_length():]  # (B, T): the whole prompt first, then one token
+    mask = None if pad_id is None else ids != pad_id  # (B, L): covers cached and new tokens
+    return model(new, attention_mask=mask, past_key_values=cache).logits[:, -1, :]  # (B, V)
+
+
+def _check_target_ids(tgt_vocab: int, **ids: int | None) -> None:
+    for name, value in ids.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < tgt_vocab):
+            raise ValueError(f"{name} must be a target token id in 0..{tgt_vocab - 1}, "
+                             f"got {value!r}")
 
 
 @torch.no_grad()
@@ -116,23 +319,45 @@ def generate_seq2seq(
     eos_id: int | None = None,
     temperature: float = 0.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     generator: torch.Generator | None = None,
     src_attention_mask: torch.Tensor | None = None,
+    use_cache: bool = False,
 ) -> torch.Tensor:
     """Decode a target for each source with an encoder-decoder, greedily by default.
 
+    The source is encoded once; the decoder starts from ``bos_id`` and adds one token per
+    step, cross-attending to the encoder's output (with ``use_cache``, its self-attention
+    keys and values are cached; the tokens are the same).
+
+    Args:
+        model: a :class:`~course_lib.models.EncoderDecoder`.
+        src: (B, S) source token ids.
+        bos_id: the start token the decoder begins from.
+        max_new_tokens: how many tokens to add at most. With learned target positions the
+            decoder's inputs can be at most ``max_len`` long, so n <= ``max_len`` (the
+            decoder's ``max_len``, i.e. ``max_tgt_len``): a model trained on ``tgt_in`` of
+            length ``max_len`` can decode targets of that length, its final ``eos_id``
+            included.
+        eos_id: the end token; a sequence is finished once it has produced it.
+        temperature: divides the logits; 0 (the default) means greedy. This is a course_lib
+            convention: Hugging Face's ``generate`` needs temperature > 0 and chooses greedy
+            decoding with ``do_sample=False``.
+        top_k, top_p: as in :func:`generate`.
+        generator: a torch.Generator for repeatable sampling.
+        src_attention_mask: (B, S) True at real source tokens, False at padding.
+        use_cache: cache the decoder's self-attention keys and values.
+
     Returns:
-        (B, 1 + n) target ids starting with ``bos_id``; generation stops early once every
-        sequence has produced ``eos_id`` (later positions are filled with ``eos_id``).
+        (B, 1 + n) target ids starting with ``bos_id``, n <= min(max_new_tokens, max_len);
+        generation stops early once every sequence has produced ``eos_id`` (later positions
+        are filled with ``eos_id``).
     """
     tgt_vocab = model.decoder.config.vocab_size
     require_positive_int("max_new_tokens", max_new_tokens)
-    _check_sampling(temperature, top_k)
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or not 0 <= value < tgt_vocab):
-            raise ValueError(f"{name} must be a target token id in 0..{tgt_vocab - 1}, "
-                             f"got {value!r}")
+    _check_sampling(temperature, top_k, top_p)
+    require_bool("use_cache", use_cache)
+    _check_target_ids(tgt_vocab, bos_id=bos_id, eos_id=eos_id)
     model.check_src(src, src_attention_mask)
     was_training = model.training
     model.eval()
@@ -142,12 +367,14 @@ def generate_seq2seq(
         tgt = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
         finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
         limit = max_new_tokens
-        if model.decoder.config.positions == "learned":  # the position table ends there
-            limit = min(limit, model.decoder.config.max_len - 1)
+        if model.decoder.config.positions == "learned":
+            # the last step's decoder input is bos_id plus n - 1 tokens: n <= max_len fits the
+            # position table, exactly as a teacher-forced tgt_in of length max_len does
+            limit = min(limit, model.decoder.config.max_len)
+        cache = KVCache() if use_cache else None
         for _ in range(limit):
-            logits = model.decoder._decode(tgt, None, None, memory, src_padding,
-                                           False).logits[:, -1, :]  # (B, V)
-            next_id = _sample(logits, temperature, top_k, generator)  # (B,)
+            logits = _next_target_logits(model, tgt, memory, src_padding, cache)  # (B, V)
+            next_id = _sample(logits, temperature, top_k, generator, top_p)  # (B,)
             if eos_id is not None:
                 next_id = torch.where(finished, torch.full_like(next_id, eos_id), next_id)
                 finished |= next_id == eos_id
@@ -157,3 +384,16 @@ def generate_seq2seq(
     finally:
         model.train(was_training)
     return tgt
+
+
+def _next_target_logits(model: EncoderDecoder, tgt: torch.Tensor, memory: torch.Tensor,
+                        src_padding: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+    """The decoder's logits for the token after ``tgt`` (B, L), with or without a cache."""
+    decoder = model.decoder
+    if cache is None:
+        return decoder._decode(tgt, None, None, memory, src_padding, False).logits[:, -1, :]
+    pad_id = decoder.config.pad_id
+    mask = None if pad_id is None else tgt != pad_id  # (B, L): covers cached and new tokens
+    new = tgt[:, cache.get_seq_length():]  # (B, 1)
+    return decoder._decode(new, None, mask, memory, src_padding, False,
+                           past_key_values=cache).logits[:, -1, :]  # (B, V)

@@ -1,9 +1,11 @@
-"""The pieces around attention: the position-wise feed-forward network and LayerNorm.
+"""The pieces around attention: the position-wise feed-forward network, LayerNorm and RMSNorm.
 
 Shape legend: B batch, T sequence length, D d_model, F feed-forward width.
 
 ``layer_norm``/``LayerNorm`` are the teaching path: eqs. 27-28 written out. The models run
 ``torch.nn.LayerNorm`` (one fused kernel instead of six), and a test proves both agree.
+``rms_norm``/``RMSNorm`` are the variant of most recent models (Llama, T5): no mean is
+subtracted and there is no bias; tests compare them with ``torch.nn.RMSNorm``.
 Residual connections are one addition each and are written inline in the blocks.
 """
 
@@ -124,9 +126,17 @@ def layer_norm(
     Returns:
         (x - mu) / sqrt(sigma^2 + eps) * gamma + beta, shape (..., D).
     """
-    require_tensor("x", x)
+    _check_norm_args(x, eps, weight=weight, bias=bias)
+    return _layer_norm(x, weight, bias, eps)
+
+
+def _check_norm_args(x: object, eps: object, **params: torch.Tensor | None) -> None:
+    """x a floating (..., D) tensor (the same 1 to 8 dimensions as the modules accept, see
+    _check_input), eps > 0, each given param (D,) of x's dtype."""
+    require_ndim("x", x, range(1, 9), "(..., D)")
     require_floating("x", x)
-    for name, param in (("weight", weight), ("bias", bias)):
+    require_positive_number("eps", eps)
+    for name, param in params.items():
         if param is not None:
             require_tensor(name, param)
             if param.shape != x.shape[-1:]:
@@ -134,19 +144,21 @@ def layer_norm(
                     f"{name} has shape {tuple(param.shape)} but x has {x.shape[-1]} features "
                     f"(shape {tuple(x.shape)}); {name} should have shape ({x.shape[-1]},)"
                 )
-    return _layer_norm(x, weight, bias, eps)
+            require_dtype_of(name, param, x, "x's values")
 
 
 def _layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
+    # eq. 27: mu = mean_j x_j, sigma^2 = mean_j (x_j - mu)^2, per position
     mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
     var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), divides by D, not D-1
-    out = (x - mean) / torch.sqrt(var + eps)
+    # eq. 28 with eps: x_hat = (x - mu) / sqrt(sigma^2 + eps)
+    out = (x - mean) / torch.sqrt(var + eps)  # (..., D)
     if weight is not None:
-        out = out * weight
+        out = out * weight  # (..., D) gamma * x_hat
     if bias is not None:
-        out = out + bias
+        out = out + bias  # (..., D) gamma * x_hat + beta
     return out
 
 
@@ -175,8 +187,70 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_model)) if elementwise_affine and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input(x, self, self.weight, self.d_model)
-        return _layer_norm(x, self.weight, self.bias, self.eps)
+        if checks_wanted():
+            _check_input(x, self, self.weight, self.d_model)
+        return _layer_norm(x, self.weight, self.bias, self.eps)  # (..., D)
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}, affine={self.weight is not None}"
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | None = None, *, eps: float = 1e-6
+) -> torch.Tensor:
+    """RMS normalisation over the last dimension (Zhang and Sennrich, 2019).
+
+    LayerNorm with one step left out: the mean is not subtracted, so each position is divided
+    by its root mean square sqrt(mean(x^2) + eps) instead of its standard deviation, and
+    there is a gain but no shift. Same as ``torch.nn.functional.rms_norm``.
+
+    Args:
+        x: activations, shape (..., D).
+        weight: the gain gamma, shape (D,), or None.
+        eps: added to the mean square before the square root (Llama uses 1e-6).
+
+    Returns:
+        x / sqrt(mean(x^2) + eps) * gamma, shape (..., D).
+    """
+    _check_norm_args(x, eps, weight=weight)
+    return _rms_norm(x, weight, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    mean_square = (x**2).mean(dim=-1, keepdim=True)  # (..., 1), no mean subtracted
+    # x / sqrt(mean_j x_j^2 + eps): LayerNorm's eq. 28 without "- mu"
+    out = x / torch.sqrt(mean_square + eps)  # (..., D)
+    return out if weight is None else out * weight  # (..., D) gamma * x / rms(x)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm written from its equation, with an optional learned gain (no bias).
+
+    The parameter is called ``weight``, as in ``torch.nn.RMSNorm``, so state dicts load
+    either way. ``torch.nn.RMSNorm``'s default eps (None) means ``torch.finfo(x.dtype).eps``;
+    here it is a number, 1e-6 by default, as in Llama.
+
+    Args:
+        d_model: D.
+        eps: numerical-stability constant inside the square root.
+        elementwise_affine: learn a gain gamma (initialised to 1).
+
+    Shapes:
+        forward(x: (..., D)) -> (..., D)
+    """
+
+    def __init__(self, d_model: int, *, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        require_positive_int("d_model", d_model)
+        require_positive_number("eps", eps)
+        self.d_model = d_model
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if checks_wanted():
+            _check_input(x, self, self.weight, self.d_model)
+        return _rms_norm(x, self.weight, self.eps)  # (..., D)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}, affine={self.weight is not None}"

@@ -1,4 +1,5 @@
-"""Accuracy of predicted token ids against targets that mark unscored positions with -100."""
+"""Accuracy of predicted token ids against targets that mark unscored positions with -100, and
+how well cross-attention follows a known alignment."""
 
 from __future__ import annotations
 
@@ -44,3 +45,39 @@ def sequence_accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> float
     scored = targets != IGNORE_INDEX
     correct = (predictions == targets) | ~scored
     return float(correct.all(dim=1).float().mean())
+
+
+def alignment_score(weights: torch.Tensor, alignment: torch.Tensor) -> float:
+    """How often attention peaks on the gold source position: the share of the target
+    positions that have a gold alignment (``alignment != -100``) whose largest attention
+    weight falls on exactly that source position.
+
+    Args:
+        weights: (..., T, S) cross-attention weights, e.g. (B, T, S) for one layer and head
+            (``out.cross_attentions[layer][:, head]``) or averaged over heads.
+        alignment: (..., T), the same leading shape: the gold source index of each target
+            position, -100 where there is none.
+
+    Returns:
+        A float in [0, 1]; 1 / S for attention that peaks on a random position.
+    """
+    require_tensor("weights", weights)
+    require_tensor("alignment", alignment)
+    if weights.dim() < 2 or alignment.shape != weights.shape[:-1]:
+        raise ValueError(
+            f"weights has shape {shape_of(weights)} and alignment {shape_of(alignment)}: "
+            f"weights must be (..., T, S) and alignment (..., T) with the same leading shape "
+            f"(pick one layer and head first, e.g. weights[:, head])"
+        )
+    if alignment.dtype.is_floating_point or alignment.dtype == torch.bool:
+        raise ValueError(f"alignment must hold integer source positions, got dtype "
+                         f"{alignment.dtype}")
+    scored = alignment != IGNORE_INDEX
+    if not scored.any():
+        raise ValueError("alignment has no scored position (every entry is -100)")
+    n_src = weights.shape[-1]
+    if int(alignment[scored].min()) < 0 or int(alignment[scored].max()) >= n_src:
+        raise ValueError(f"alignment holds source positions outside 0..{n_src - 1} "
+                         f"(weights has S={n_src} source positions)")
+    peaks = weights.argmax(dim=-1)  # (..., T): the source position each query attends most
+    return float(((peaks == alignment) & scored).sum() / scored.sum())

@@ -34,7 +34,7 @@ from .configs import (
     LMOutput,
     TransformerConfig,
 )
-from .generation import generate, generate_seq2seq
+from .generation import KVCache, generate, generate_seq2seq
 from .layers import dropout_layer
 from .positions import (
     LearnedPositionalEmbedding,
@@ -166,7 +166,8 @@ class Embeddings(nn.Module):
     The model checks the ids before calling it.
 
     Shapes:
-        forward(ids: (B, T), token_type_ids: (B, T) or None) -> (B, T, D)
+        forward(ids: (B, T), token_type_ids: (B, T) or None, offset) -> (B, T, D); ``offset``
+        is the position of the first id (the number of earlier tokens, with a cache).
     """
 
     def __init__(
@@ -194,13 +195,13 @@ class Embeddings(nn.Module):
         self.dropout = dropout_layer(dropout)
 
     def forward(
-        self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None, *, offset: int = 0
     ) -> torch.Tensor:
         x = self.token(ids)  # (B, T, D)
         if self.token_scale != 1.0:
             x = x * self.token_scale  # sqrt(D), with sinusoidal positions
         if self.position is not None:
-            x = x + self.position(ids.shape[1])  # (T, D) broadcasts over the batch
+            x = x + self.position(ids.shape[1], offset=offset)  # (T, D) broadcasts over B
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)
@@ -236,10 +237,11 @@ class _Stack(nn.Module):
         else:
             self.alibi_slopes = None
 
-    def _alibi(self, seq_len: int, device: torch.device) -> torch.Tensor | None:
+    def _alibi(self, seq_len: int, device: torch.device, n_past: int = 0) -> torch.Tensor | None:
         if self.alibi_slopes is None:
             return None
-        return alibi_bias(seq_len, slopes=self.alibi_slopes, device=device)  # (H, T, T)
+        # (H, T, n_past + T): the queries are the last T positions
+        return alibi_bias(seq_len, seq_len + n_past, slopes=self.alibi_slopes, device=device)
 
     def _max_len(self) -> int | None:
         """Learned position tables end at max_len; the other position kinds extrapolate."""
@@ -359,6 +361,7 @@ class DecoderLM(_Stack):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
+        past_key_values: KVCache | None = None,
     ) -> LMOutput:
         """Next-token logits for every position.
 
@@ -366,13 +369,22 @@ class DecoderLM(_Stack):
             ids: (B, T) token ids.
             targets: (B, T) next tokens; entries equal to -100 are not scored.
             attention_mask: (B, T) boolean, True for real tokens (derived from pad_id if None).
+                With a non-empty cache it covers the cached tokens too: (B, S + T).
             encoder_hidden_states: (B, S, D) the encoder's output, for cross-attention.
             encoder_attention_mask: (B, S) boolean, True for real source tokens.
             output_attentions: also return attention weights.
+            past_key_values: a :class:`~course_lib.generation.KVCache` holding the keys and
+                values of the S tokens before ``ids`` (empty at first): ``ids`` are taken as
+                positions S .. S + T - 1, and the cache is extended with them in place (as
+                Hugging Face's ``DynamicCache``).
         """
-        self._check(ids, targets, attention_mask, encoder_hidden_states, "ids")
+        if past_key_values is None:
+            self._check(ids, targets, attention_mask, encoder_hidden_states, "ids")
+        else:
+            self._check_cached(ids, targets, attention_mask, encoder_hidden_states,
+                               past_key_values)
         return self._decode(ids, targets, attention_mask, encoder_hidden_states,
-                            encoder_attention_mask, output_attentions)
+                            encoder_attention_mask, output_attentions, past_key_values)
 
     def _check(self, ids, targets, attention_mask, encoder_hidden_states, name: str) -> None:
         check_token_ids(name, ids, self.config.vocab_size, self._max_len())
@@ -391,18 +403,55 @@ class DecoderLM(_Stack):
                     f"{name} has batch size {ids.shape[0]}"
                 )
 
+    def _check_cached(self, ids, targets, attention_mask, encoder_hidden_states,
+                      cache: object) -> None:
+        """The checks of :meth:`_check` for new tokens that follow the cached ones."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"past_key_values must be a course_lib.generation.KVCache (start "
+                            f"with an empty KVCache()), got {type(cache).__name__}")
+        n_past = cache.get_seq_length()
+        self._check(ids, targets, None, encoder_hidden_states, "ids")
+        if len(cache) > len(self.blocks):
+            raise ValueError(f"past_key_values holds {len(cache)} layers but this model has "
+                             f"{len(self.blocks)}: was it filled by another model?")
+        if n_past and cache.layers[0].keys.shape[0] != ids.shape[0]:
+            raise ValueError(f"past_key_values was filled with a batch of "
+                             f"{cache.layers[0].keys.shape[0]} sequences but ids has batch size "
+                             f"{ids.shape[0]}")
+        limit = self._max_len()
+        if limit is not None and n_past + ids.shape[1] > limit:
+            raise ValueError(
+                f"past_key_values holds {n_past} tokens and ids adds {ids.shape[1]}, more than "
+                f"this model's context of max_len={limit} tokens (learned positions end there)"
+            )
+        expected = (ids.shape[0], n_past + ids.shape[1])
+        if attention_mask is not None:
+            require_bool_mask("attention_mask", attention_mask)
+            if tuple(attention_mask.shape) != expected:
+                raise ValueError(
+                    f"attention_mask has shape {shape_of(attention_mask)} but with {n_past} "
+                    f"cached tokens it must cover them and the new ones: (B, S + T) = {expected}"
+                )
+        elif n_past and self.config.pad_id is not None:
+            raise ValueError(
+                "this model masks padding (pad_id is set), and with a non-empty cache it cannot "
+                f"tell which cached tokens were padding: pass attention_mask of shape {expected}"
+            )
+
     def _decode(self, ids, targets, attention_mask, encoder_hidden_states,
-                encoder_attention_mask, output_attentions) -> LMOutput:
-        x = self.embeddings(ids)  # (B, T, D)
-        padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, T) or None
-        bias = self._alibi(ids.shape[1], ids.device)  # (H, T, T) or None
+                encoder_attention_mask, output_attentions, past_key_values=None) -> LMOutput:
+        n_past = 0 if past_key_values is None else past_key_values.get_seq_length()
+        x = self.embeddings(ids, offset=n_past)  # (B, T, D), positions n_past .. n_past + T - 1
+        padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, n_past + T) or None
+        bias = self._alibi(ids.shape[1], ids.device, n_past)  # (H, T, n_past + T) or None
         self_attns, cross_attns = [], []
         with inputs_checked():  # checked at this model's boundary
-            for block in self.blocks:
+            for i, block in enumerate(self.blocks):
                 x, self_w, cross_w = block(
                     x, encoder_hidden_states, attention_mask=padding,
                     encoder_attention_mask=encoder_attention_mask, bias=bias,
                     return_weights=output_attentions,
+                    past_key_value=None if past_key_values is None else past_key_values.layer(i),
                 )  # (B, T, D)
                 self_attns.append(self_w)
                 cross_attns.append(cross_w)

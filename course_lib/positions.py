@@ -230,6 +230,31 @@ def rope_frequencies(
     return _frequencies(d_head, base, device, torch.float32)
 
 
+def ntk_scaled_base(d_head: int, scaling_factor: float, *, base: float = 10000.0) -> float:
+    """The RoPE base for "NTK-aware" scaling to ``scaling_factor`` times the trained length.
+
+    base' = base * factor^(Dh / (Dh - 2)). With theta_i = base'^(-2i/Dh), the fastest pair
+    (i = 0) keeps its speed of 1 radian per position, so nearby tokens look exactly as in
+    training, while the slowest pair (i = Dh/2 - 1) turns ``factor`` times more slowly, so
+    the longest distances map onto angles that training did see. The pairs in between are
+    slowed by factors in between (geometrically).
+
+    Args:
+        d_head: Dh, even and at least 4 (with one pair there is nothing to interpolate).
+        scaling_factor: how many times longer the inputs are than in training (>= 1 usually).
+        base: the base the model was trained with.
+
+    Returns:
+        The new base, a float.
+    """
+    _require_even_size("d_head", d_head)
+    if d_head < 4:
+        raise ValueError(f"d_head must be at least 4 for NTK-aware scaling, got {d_head}")
+    require_positive_number("scaling_factor", scaling_factor)
+    require_positive_number("base", base)
+    return base * scaling_factor ** (d_head / (d_head - 2))
+
+
 def _frequencies(d_head: int, base: float, device, dtype: torch.dtype) -> torch.Tensor:
     two_i = torch.arange(0, d_head, 2, device=device, dtype=dtype)  # (Dh/2,)
     return base ** (-two_i / d_head)  # (Dh/2,): theta_i = base^(-2i/Dh)
@@ -319,16 +344,32 @@ class RotaryEmbedding(nn.Module):
     Float16/bfloat16/float32 inputs are rotated in float32, float64 inputs in float64; the
     result has the input's dtype.
 
+    Two ways to stretch a model trained on length L to length ``factor * L`` without
+    retraining: ``scaling_factor=factor`` divides every position by the factor (*position
+    interpolation*, Chen et al. 2023; Hugging Face's "linear" RoPE scaling), so no angle
+    exceeds those seen in training but neighbours move closer together; or
+    ``base=ntk_scaled_base(d_head, factor)`` (*NTK-aware* scaling), which keeps the fastest
+    pairs as they were and slows the slowest ones by the factor.
+
+    Args:
+        d_head: Dh, even.
+        base: the wavelength scale (10000 as in sinusoidal encodings).
+        scaling_factor: positions are divided by it (1 = plain RoPE).
+
     Shapes:
         forward(x: (..., T, Dh), positions: (T,) or None) -> (..., T, Dh)
     """
 
-    def __init__(self, d_head: int, *, base: float = 10000.0) -> None:
+    def __init__(
+        self, d_head: int, *, base: float = 10000.0, scaling_factor: float = 1.0
+    ) -> None:
         super().__init__()
         _require_even_size("d_head", d_head)
         require_positive_number("base", base)
+        require_positive_number("scaling_factor", scaling_factor)
         self.d_head = d_head
         self.base = base
+        self.scaling_factor = float(scaling_factor)
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -339,6 +380,8 @@ class RotaryEmbedding(nn.Module):
                 f"d_head={self.d_head}"
             )
         if positions is not None:
+            if self.scaling_factor != 1.0:  # position interpolation: p -> p / factor
+                positions = positions.to(_compute_dtype(x)) / self.scaling_factor
             return _apply_rope(x, positions, self.base)
         cos, sin = self._tables(x.shape[-2], x.device, _compute_dtype(x))
         return _rotate_pairs(x, cos, sin)
@@ -356,9 +399,10 @@ class RotaryEmbedding(nn.Module):
             with torch.inference_mode(False):  # usable later in training, too
                 theta = _frequencies(self.d_head, self.base, device, dtype)  # (Dh/2,)
                 p = torch.arange(length, device=device, dtype=dtype)[:, None]  # (T, 1)
-                angles = p * theta  # (T, Dh/2): p theta_i
+                angles = p / self.scaling_factor * theta  # (T, Dh/2): p theta_i (p / factor)
                 self._cache = cached = (angles.cos(), angles.sin())  # 2 x (length, Dh/2)
         return cached[0][:seq_len], cached[1][:seq_len]
 
     def extra_repr(self) -> str:
-        return f"d_head={self.d_head}, base={self.base}"
+        factor = "" if self.scaling_factor == 1.0 else f", scaling_factor={self.scaling_factor}"
+        return f"d_head={self.d_head}, base={self.base}{factor}"

@@ -10,7 +10,12 @@ Nothing here re-implements the network: the config is translated into an
 :class:`~course_lib.models.EncoderConfig` (post-norm, GELU, BERT's LayerNorm eps, learned
 absolute positions, token types, LayerNorm on the embeddings) and every checkpoint tensor is
 copied onto the matching parameter of our model. :func:`bert_weight_map` is that
-correspondence written out as a table.
+correspondence written out as a table, and :func:`bert_module_pairs` the matching table of
+submodules (ours -> Hugging Face's ``BertModel``) for :mod:`course_lib.divergence`.
+
+Sentence embeddings: :func:`mean_pool` averages token vectors over the real tokens,
+:meth:`PretrainedEncoder.sentence_embedding` does it for text, and :func:`semantic_search`
+finds the nearest ones by cosine similarity.
 
 Shape legend: B batch, T tokens (padded to the longest in the batch), D d_model (BERT's
 hidden_size), H heads, L layers.
@@ -329,6 +334,41 @@ def bert_weight_map(n_layers: int, *, token_types: bool = True) -> dict[str, tup
             table[f"{ours}ff.fc2.{kind}"] = (f"{theirs}output.dense.{kind}",)
             table[f"{ours}ff_norm.{kind}"] = (f"{theirs}output.LayerNorm.{kind}",)
     return table
+
+
+def bert_module_pairs(n_layers: int, *, token_types: bool = True) -> dict[str, str]:
+    """Which submodule of Hugging Face's ``BertModel`` computes the same output as each
+    submodule of our :class:`Encoder`, for :func:`course_lib.divergence.first_divergence`.
+
+    Only modules that receive the same input in both models are listed: the token, segment
+    and embedding-norm steps, and in every block the attention's output projection, the two
+    LayerNorms, the two feed-forward layers and the block itself. (Our position table is
+    called with a length, BERT's with position ids, so it is left out.)
+
+    Args:
+        n_layers: L, the number of encoder blocks.
+        token_types: the model has segment embeddings (type_vocab_size > 0).
+
+    Returns:
+        ``{our module name: BertModel module name}`` in the order the modules run.
+    """
+    require_positive_int("n_layers", n_layers)
+    require_bool("token_types", token_types)
+    pairs = {"embeddings.token": "embeddings.word_embeddings"}
+    if token_types:
+        pairs["embeddings.token_type"] = "embeddings.token_type_embeddings"
+    pairs |= {"embeddings.norm": "embeddings.LayerNorm", "embeddings": "embeddings"}
+    for i in range(n_layers):
+        ours, theirs = f"blocks.{i}.", f"encoder.layer.{i}."
+        pairs |= {
+            f"{ours}self_attn.out_proj": f"{theirs}attention.output.dense",
+            f"{ours}attn_norm": f"{theirs}attention.output.LayerNorm",
+            f"{ours}ff.fc1": f"{theirs}intermediate.dense",
+            f"{ours}ff.fc2": f"{theirs}output.dense",
+            f"{ours}ff_norm": f"{theirs}output.LayerNorm",
+            f"blocks.{i}": f"encoder.layer.{i}",
+        }
+    return pairs
 
 
 def _standard_name(name: str) -> str:
@@ -686,6 +726,45 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     total = (hidden * weights).sum(dim=1)  # (B, D)
     count = weights.sum(dim=1).clamp(min=1e-9)  # (B, 1); clamp keeps an all-padding row finite
     return total / count  # (B, D)
+
+
+def semantic_search(
+    queries: torch.Tensor, corpus: torch.Tensor, *, top_k: int = 5
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``top_k`` corpus vectors most similar to each query, by cosine similarity.
+
+    Args:
+        queries: (Q, D) or (D,) sentence embeddings.
+        corpus: (N, D) sentence embeddings to search.
+        top_k: how many neighbours per query (at most N).
+
+    Returns:
+        ``(scores, indices)``, each (Q, k) with k = min(top_k, N), best first: the cosine
+        similarities and the rows of ``corpus`` they belong to.
+
+    Unlike ``sentence_transformers.util.semantic_search``, which returns for each query a list
+    of ``{"corpus_id": ..., "score": ...}`` dicts and splits large query and corpus sets into
+    chunks to bound its memory, this returns two tensors and compares everything at once (a
+    (Q, N) similarity matrix), which suits the few thousand sentences of a notebook; the
+    scores and hits are the same (up to the order of ties).
+    """
+    require_ndim("queries", queries, (1, 2), "(Q, D) or (D,)")
+    require_ndim("corpus", corpus, (2,), "(N, D)")
+    require_floating("queries", queries)
+    require_floating("corpus", corpus)
+    require_positive_int("top_k", top_k)
+    queries = queries[None] if queries.dim() == 1 else queries  # (Q, D)
+    if queries.shape[-1] != corpus.shape[-1]:
+        raise ValueError(
+            f"queries has {queries.shape[-1]} features (shape {shape_of(queries)}) but corpus "
+            f"has {corpus.shape[-1]} (shape {shape_of(corpus)}): embed both with one model"
+        )
+    if queries.dtype != corpus.dtype:
+        raise ValueError(f"queries has dtype {queries.dtype} but corpus has dtype "
+                         f"{corpus.dtype}; convert one of them")
+    # cosine similarity = dot product of unit vectors
+    similarity = F.normalize(queries, dim=-1) @ F.normalize(corpus, dim=-1).T  # (Q, N)
+    return similarity.topk(min(top_k, corpus.shape[0]), dim=-1)  # 2 x (Q, k)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Black-box probes: measure which inputs a model's outputs depend on.
+"""Probes: measure which inputs (and which attention heads) a model's outputs depend on.
 
 The question that matters for a language model is whether the output at position i depends
 on an input at a later position j > i: a *future leak*. During training every position is
@@ -7,22 +7,33 @@ the future only has to copy it. The probes here do not read a model's code or it
 change one input position at a time and watch which outputs move, so they catch a leak
 wherever it comes from (a wrong mask, an unmasked layer, a layer that mixes positions).
 
-Shape legend: B batch, T sequence length, D feature size (d_model).
+The same idea works inside a layer: switch one attention head off and measure what the model
+can no longer do (:func:`ablate_heads`).
+
+Shape legend: B batch, T sequence length, D feature size (d_model), H heads, Dh = D / H.
 
 Functions:
     influence        (B, T, T): how much output i moves when input j is replaced
     who_sees_whom    (T, T) bool (or (B, T, T)): output i changes when input j changes
     future_leaks     a :class:`LeakReport` summarising who_sees_whom for a causal check
+    ablate_heads     a ``with`` block in which chosen heads of a MultiHeadAttention are zeroed
+    layer_grad_norms (L,): the gradient norm of each layer of a stack after backward()
+    head_role_scores how strongly each head of a trained encoder plays a known role (previous
+                     token, next token, [CLS], [SEP], same word), averaged over sentences
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import numbers
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from ._validate import (
+    WrongTypeError,
     require_bool,
     require_callable,
     require_finite,
@@ -32,10 +43,12 @@ from ._validate import (
     require_tensor,
     shape_of,
 )
+from .attention import MultiHeadAttention
 
 Probed = Callable[[torch.Tensor], torch.Tensor]
 
-__all__ = ["LeakReport", "future_leaks", "influence", "who_sees_whom"]
+__all__ = ["HEAD_ROLES", "STOP_WORDS", "HeadRoles", "LeakReport", "ablate_heads", "future_leaks",
+           "head_role_scores", "influence", "layer_grad_norms", "who_sees_whom"]
 
 
 def _check_inputs(fn: object, x: object, vocab_size: int | None, n_trials: int,
@@ -353,3 +366,324 @@ def future_leaks(
     change, size, noise = _changes(fn, x, vocab_size=vocab_size, n_trials=n_trials, seed=seed)
     sees = _threshold(change, size, noise, atol, rtol).any(0)  # (T, T)
     return LeakReport(sees=sees, change=change.amax(0))
+
+
+# ------------------------------------------------------------------------------ head ablation
+
+
+def _check_heads_to_ablate(attention: object, heads: object) -> list[int]:
+    """The heads as a sorted list of distinct ints in 0..H-1, after checking the layer."""
+    if not isinstance(attention, MultiHeadAttention):
+        hint = ""
+        if isinstance(attention, nn.MultiheadAttention):
+            hint = (" (torch.nn.MultiheadAttention applies its output projection inside one "
+                    "functional call, so there is no place to switch a head off; copy its "
+                    "weights into course_lib.MultiHeadAttention)")
+        raise WrongTypeError(
+            f"attention must be a course_lib MultiHeadAttention layer, e.g. "
+            f"model.blocks[0].self_attn, got {type(attention).__name__}{hint}"
+        )
+    n_heads = attention.n_heads
+    if not isinstance(heads, Iterable) or isinstance(heads, (str, torch.Tensor)):
+        heads = [heads]  # one head given on its own
+    chosen = []
+    for head in heads:
+        if isinstance(head, bool) or not isinstance(head, numbers.Integral):
+            raise WrongTypeError(
+                f"heads must be a head index or a list of them (ints in 0..{n_heads - 1}), got "
+                f"{head!r} ({type(head).__name__})"
+            )
+        if not 0 <= head < n_heads:
+            raise ValueError(
+                f"heads contains {head}, but this layer has n_heads={n_heads}: valid heads are "
+                f"0..{n_heads - 1}"
+            )
+        chosen.append(int(head))
+    return sorted(set(chosen))
+
+
+@contextlib.contextmanager
+def ablate_heads(
+    attention: MultiHeadAttention, heads: int | Iterable[int]
+) -> Iterator[MultiHeadAttention]:
+    """Switch chosen heads of a multi-head attention layer off inside a ``with`` block.
+
+    Head h's output is its slice ``h*Dh:(h+1)*Dh`` of the concatenated heads, the input of the
+    output projection W_o (eq. 24 of the notes). Zeroing that slice removes exactly head h's
+    term from ``out = sum_h W_o[:, slice_h] head_h + b_o``; the other heads, their attention
+    weights and W_o's bias are untouched. This is *zero ablation*: the model sees a value
+    (0) it never produced in training, which is the simplest choice, not the only one.
+
+    It works through a forward pre-hook on ``attention.out_proj`` that is removed when the
+    block ends (also after an error), so the layer's code and its fast path stay as they are.
+
+    Args:
+        attention: a course_lib :class:`~course_lib.attention.MultiHeadAttention` (inside a
+            model, e.g. ``model.blocks[0].self_attn``).
+        heads: one head index or several, each in 0..H-1; an empty list ablates nothing.
+
+    Yields:
+        The same layer, for ``with ablate_heads(layer, [0, 2]) as layer: ...``.
+
+    Example:
+        >>> with ablate_heads(model.attn, 1):
+        ...     loss_without_head_1 = evaluate(model)
+    """
+    chosen = _check_heads_to_ablate(attention, heads)
+    d_head = attention.d_head
+
+    def zero_chosen_heads(module: nn.Module, args: tuple) -> tuple:
+        concat = args[0]  # (B, T, D): the heads' outputs side by side
+        drop = torch.zeros(concat.shape[-1], dtype=torch.bool, device=concat.device)  # (D,)
+        for head in chosen:
+            drop[head * d_head:(head + 1) * d_head] = True
+        return (concat.masked_fill(drop, 0.0), *args[1:])  # (B, T, D)
+
+    handle = attention.out_proj.register_forward_pre_hook(zero_chosen_heads)
+    try:
+        yield attention
+    finally:
+        handle.remove()
+
+
+def layer_grad_norms(layers: Iterable[nn.Module]) -> torch.Tensor:
+    """The size of each layer's gradient after a backward pass: how much learning signal
+    reaches every layer of a stack.
+
+    Entry l is the L2 norm of all of layer l's parameter gradients together,
+    sqrt(sum over its parameters p of ||p.grad||^2). A parameter whose ``.grad`` is None (the
+    loss did not depend on it) counts as 0. NaN or inf gradients give NaN or inf entries.
+
+    The squares are summed in float64: squaring a float32 entry below about 1e-23 underflows
+    to 0, so a float32 sum would report a tiny gradient (as deep in a plain stack) as exactly
+    0. The result is returned in float32, which holds any such norm (it is at least as large
+    as the largest entry); on MPS, which has no float64, the sum moves to the CPU first.
+
+    Example:
+        >>> model(ids, targets=targets).loss.backward()
+        >>> layer_grad_norms(model.blocks)     # (n_layers,), first block first
+
+    Args:
+        layers: the layers in order, e.g. ``model.blocks`` (an ``nn.ModuleList``), an
+            ``nn.Sequential`` or a list of modules, each with parameters.
+
+    Returns:
+        (L,) float32 on the CPU.
+
+    Raises:
+        ValueError: no layers, a layer without parameters, or no gradient at all (call
+            ``loss.backward()`` first).
+    """
+    layers = _check_layers(layers)
+    norms, any_grad = [], False
+    for layer in layers:
+        grads = [p.grad for p in layer.parameters() if p.grad is not None]
+        any_grad = any_grad or bool(grads)
+        squares = [_sum_of_squares(g) for g in grads]  # float64 on the CPU, one per parameter
+        norms.append(torch.stack(squares).sum().sqrt().float() if squares else torch.tensor(0.0))
+    if not any_grad:
+        raise ValueError(
+            "none of the layers' parameters has a gradient: call loss.backward() first (and "
+            "do not zero the gradients in between)"
+        )
+    return torch.stack(norms)  # (L,)
+
+
+def _sum_of_squares(grad: torch.Tensor) -> torch.Tensor:
+    """sum(grad^2) as a float64 CPU scalar (float64 so that tiny entries do not square to 0)."""
+    grad = grad.detach()
+    if grad.device.type == "mps":  # MPS has no float64
+        grad = grad.cpu()
+    return grad.double().pow(2).sum().cpu()
+
+
+def _check_layers(layers: object) -> list[nn.Module]:
+    """A non-empty list of modules that all have parameters."""
+    if isinstance(layers, nn.Module) and not isinstance(layers, nn.ModuleList | nn.Sequential):
+        raise WrongTypeError(
+            f"layers must be a sequence of modules (the layers of a stack), got one "
+            f"{type(layers).__name__}; pass its layers, e.g. model.blocks"
+        )
+    if isinstance(layers, torch.Tensor) or not isinstance(layers, Iterable):
+        raise WrongTypeError(
+            f"layers must be a sequence of modules such as model.blocks, got "
+            f"{type(layers).__name__}"
+        )
+    layers = list(layers)
+    if not layers:
+        raise ValueError("layers is empty: give at least one layer")
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, nn.Module):
+            raise WrongTypeError(f"layers[{i}] must be a torch.nn.Module, got "
+                                 f"{type(layer).__name__}")
+        if next(layer.parameters(), None) is None:
+            raise ValueError(f"layers[{i}] ({type(layer).__name__}) has no parameters, so it "
+                             "has no gradient to measure")
+    return layers
+
+
+# --------------------------------------------------------------------------------------------
+# What do a trained encoder's heads do? Role scores measured over many sentences
+
+
+HEAD_ROLES = ("previous token", "next token", "[CLS]", "[SEP]", "same word")
+
+# function words: a head linking "the" to "the" is not matching what a sentence is about
+STOP_WORDS = frozenset(
+    "a an the and or but if so of to in on at by for from with as into than then that this "
+    "these those it its is are was were be been being has have had do does did not no he she "
+    "they we you i me my his her our your their them him us who which what when where how "
+    "all any each every other some such very can will would should could".split()
+)
+
+
+@dataclass(frozen=True)
+class HeadRoles:
+    """What :func:`head_role_scores` measured.
+
+    Attributes:
+        scores: ``{role: (L, H)}``, each head's mean weight on the role's key tokens (NaN
+            when no query token has that role).
+        baseline: ``{role: float}``, the same score for a head that spreads its weight
+            evenly: over the word tokens for "previous token", "next token" and "same word"
+            (the keys such a head could prefer), over all tokens for "[CLS]" and "[SEP]".
+        n_queries: ``{role: int}``, how many query tokens were averaged.
+        repeated: the words counted for "same word", each once, sorted.
+    """
+
+    scores: dict[str, torch.Tensor]
+    baseline: dict[str, float]
+    n_queries: dict[str, int]
+    repeated: list[str]
+
+    def top(self, role: str, k: int = 3) -> list[tuple[int, int, float]]:
+        """The ``k`` heads with the highest score for ``role``, best first, as
+        ``(layer, head, score)``."""
+        if role not in HEAD_ROLES:
+            raise ValueError(f"role must be one of {', '.join(map(repr, HEAD_ROLES))}, "
+                             f"got {role!r}")
+        score = self.scores[role]  # (L, H)
+        best = score.flatten().topk(min(require_positive_int("k", k), score.numel()))
+        n_heads = score.shape[1]
+        return [(int(i) // n_heads, int(i) % n_heads, float(v))
+                for v, i in zip(best.values, best.indices, strict=True)]
+
+
+def head_role_scores(
+    attentions: list[torch.Tensor] | tuple[torch.Tensor, ...] | torch.Tensor,
+    tokens: list[list[str]],
+    *,
+    stop_words: Iterable[str] = STOP_WORDS,
+) -> HeadRoles:
+    """Measure, for every head of an encoder, how much weight it gives to a few kinds of key
+    token, averaged over every word token of many sentences (not eyeballed on one).
+
+    Each sequence is BERT-style, ``[CLS] w_1 ... w_k [SEP]``; the queries are its word tokens
+    (all but the first and the last). The roles, after Clark et al. (2019):
+
+    * "previous token" / "next token": the weight on the token just before / after;
+    * "[CLS]" / "[SEP]": the weight on the first / the last token;
+    * "same word": for a word whose token occurs again in the sentence, the weight on its
+      other occurrences. Stop words, punctuation and word pieces (``##...``) are not counted.
+
+    Args:
+        attentions: L tensors (B, H, T, T), a model's ``attentions`` for a padded batch, or
+            one (L, B, H, T, T) tensor.
+        tokens: B lists of token strings, real tokens only (padding is never read).
+        stop_words: words (any case) never counted as "same word".
+
+    Returns:
+        A :class:`HeadRoles`: (L, H) scores per role, the even-spread baselines, the number
+        of queries, and the repeated words counted.
+    """
+    stack, tokens, stop = _check_role_inputs(attentions, tokens, stop_words)  # (L, B, H, T, T)
+    n_layers, _, n_heads = stack.shape[:3]
+    sums = {role: torch.zeros(n_layers, n_heads, dtype=torch.float64) for role in HEAD_ROLES}
+    base = dict.fromkeys(HEAD_ROLES, 0.0)
+    counts = dict.fromkeys(HEAD_ROLES, 0)
+    repeated: set[str] = set()
+    for b, sentence in enumerate(tokens):
+        n = len(sentence)
+        if n < 3:  # no word token
+            continue
+        w = stack[:, b, :, :n, :n].double()  # (L, H, n, n)
+        over_words = torch.zeros(n, dtype=torch.float64)  # an even spread over the words
+        over_words[1:n - 1] = 1.0 / (n - 2)
+        over_all = torch.full((n,), 1.0 / n, dtype=torch.float64)  # ... over every token
+        for role, pairs in _role_keys(sentence, stop).items():
+            even = over_all if role in ("[CLS]", "[SEP]") else over_words
+            for query, keys in pairs:
+                sums[role] += w[:, :, query, keys].sum(-1)  # (L, H)
+                base[role] += float(even[keys].sum())
+                counts[role] += 1
+                if role == "same word":
+                    repeated.add(sentence[query].lower())
+    nan = float("nan")
+    return HeadRoles(
+        scores={r: (sums[r] / counts[r] if counts[r] else sums[r] + nan).float()
+                for r in HEAD_ROLES},
+        baseline={r: base[r] / counts[r] if counts[r] else nan for r in HEAD_ROLES},
+        n_queries=counts,
+        repeated=sorted(repeated),
+    )
+
+
+def _role_keys(sentence: list[str], stop: frozenset[str]) -> dict[str, list]:
+    """For each role, ``(query position, [key positions])`` for every word token that has it."""
+    n = len(sentence)
+    words = range(1, n - 1)
+    low = [token.lower() for token in sentence]
+    same = []
+    for i in words:
+        if low[i] in stop or low[i].startswith("##") or not any(c.isalnum() for c in low[i]):
+            continue
+        others = [j for j in words if j != i and low[j] == low[i]]
+        if others:
+            same.append((i, others))
+    return {
+        "previous token": [(i, [i - 1]) for i in words],
+        "next token": [(i, [i + 1]) for i in words],
+        "[CLS]": [(i, [0]) for i in words],
+        "[SEP]": [(i, [n - 1]) for i in words],
+        "same word": same,
+    }
+
+
+def _check_role_inputs(
+    attentions: object, tokens: object, stop_words: object
+) -> tuple[torch.Tensor, list[list[str]], frozenset[str]]:
+    """head_role_scores' arguments, checked: (L, B, H, T, T) weights on the CPU, the token
+    lists, and the stop words in lower case."""
+    if isinstance(attentions, torch.Tensor):
+        if attentions.dim() != 5:
+            raise ValueError(f"attentions should have shape (L, B, H, T, T), got "
+                             f"{shape_of(attentions)}")
+        stack = attentions
+    else:
+        if not isinstance(attentions, (list, tuple)) or not attentions:
+            raise WrongTypeError(
+                "attentions must be a non-empty list of (B, H, T, T) tensors (a model's "
+                f"attentions), got {type(attentions).__name__}")
+        shapes = {tuple(require_tensor(f"attentions[{i}]", a).shape)
+                  for i, a in enumerate(attentions)}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 4:
+            raise ValueError(f"attentions should be L tensors of one shape (B, H, T, T), got "
+                             f"shapes {sorted(shapes)}")
+        stack = torch.stack(list(attentions))  # (L, B, H, T, T)
+    if not stack.is_floating_point() or stack.shape[-1] != stack.shape[-2]:
+        raise ValueError(f"attentions should hold float weights of shape (..., T, T), got "
+                         f"{shape_of(stack)} and dtype {stack.dtype}")
+    if isinstance(tokens, str) or not isinstance(tokens, (list, tuple)) or not all(
+            isinstance(s, (list, tuple)) and all(isinstance(t, str) for t in s) for s in tokens):
+        raise WrongTypeError("tokens must be a list of B token lists (strings), e.g. "
+                             f"out.tokens, got {type(tokens).__name__}")
+    if len(tokens) != stack.shape[1] or any(len(s) > stack.shape[-1] for s in tokens):
+        raise ValueError(
+            f"tokens has {len(tokens)} sequences of up to {max(map(len, tokens), default=0)} "
+            f"tokens, but attentions has shape {shape_of(stack)}: expected B = "
+            f"{stack.shape[1]} sequences of at most T = {stack.shape[-1]} tokens")
+    if isinstance(stop_words, str) or not isinstance(stop_words, Iterable) \
+            or not all(isinstance(w, str) for w in stop_words):
+        raise WrongTypeError("stop_words must be a collection of words (strings)")
+    return stack.detach().cpu(), [list(s) for s in tokens], frozenset(
+        w.lower() for w in stop_words)

@@ -1,7 +1,8 @@
 """The Elman RNN, h_t = sigma(W h_{t-1} + U x_t + b), used to show the limits of recurrence,
 and two measurements of those limits: how many operations must run one after another
 (:func:`sequential_depth`) and how strongly each input still reaches the last output
-(:func:`gradient_norms`).
+(:func:`gradient_norms`). Then the bridge to self-attention: attention first appeared inside
+RNN encoder-decoders (:class:`RNNAttention`, :class:`RNNEncoderDecoder`).
 
 Shape legend: B batch, T sequence length, Din input size, H hidden size.
 
@@ -12,21 +13,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ._validate import (
+    check_token_ids,
     require_bool,
+    require_bool_mask,
     require_choice,
     require_dtype_of,
     require_floating,
     require_ndim,
+    require_non_negative_int,
     require_positive_int,
     require_same_dtype,
     require_size,
     shape_of,
 )
+from .tokenizer import IGNORE_INDEX
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -330,3 +337,307 @@ def gradient_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) 
             raise ValueError("fn(x) does not depend on x through differentiable operations")
         (grad,) = torch.autograd.grad(out[..., -1, :].sum(), leaf)  # (B, T, Din)
     return grad.norm(dim=-1)  # (B, T) or (T,)
+
+
+# ------------------------------------------------- attention over an RNN encoder's states
+#
+# Before self-attention, attention was added to RNN encoder-decoders (Bahdanau et al., 2015):
+# at every output step the decoder's state asks a question of all the encoder's states and
+# reads a weighted average of them, instead of squeezing the source into one fixed vector.
+# Legend for this part: B batch, S source length, T target length, E embedding size,
+# H hidden size, Dq query size, Dk key (= value) size, A additive score width, V vocabulary.
+
+_SCORES = ("additive", "dot")
+
+
+class RNNAttention(nn.Module):
+    """Attention of decoder states over encoder states, as in RNN encoder-decoders.
+
+    The query is a decoder state s; the keys, which are also the values, are the encoder
+    states h_1..h_S. Two ways to score them:
+
+    - ``"additive"`` (Bahdanau et al., 2015): e_j = v^T tanh(W_s s + W_h h_j);
+    - ``"dot"`` (Luong et al., 2015, their "general" score): e_j = (W_s s) . h_j.
+
+    Then alpha = softmax(e) over the source positions and the context is
+    c = sum_j alpha_j h_j. Source positions where ``mask`` is False (padding) get weight 0;
+    a query with no allowed position gets all-zero weights and a zero context.
+
+    Args:
+        query_size: Dq, the size of a decoder state.
+        key_size: Dk, the size of an encoder state.
+        score: ``"additive"`` (default) or ``"dot"``.
+        attention_size: A, the width of the additive score's hidden layer (default Dk);
+            not used by ``"dot"``.
+
+    Shapes:
+        forward(query: (B, Dq) or (B, T, Dq), keys: (B, S, Dk), mask: (B, S) bool or None)
+        -> (context: (B, Dk) or (B, T, Dk), weights: (B, S) or (B, T, S))
+    """
+
+    def __init__(
+        self, query_size: int, key_size: int, *, score: str = "additive",
+        attention_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        require_positive_int("query_size", query_size)
+        require_positive_int("key_size", key_size)
+        require_choice("score", score, _SCORES)
+        self.score = score
+        if score == "dot":
+            self.query_proj = nn.Linear(query_size, key_size, bias=False)  # W_s
+            return
+        attention_size = key_size if attention_size is None else attention_size
+        require_positive_int("attention_size", attention_size)
+        self.query_proj = nn.Linear(query_size, attention_size, bias=False)  # W_s
+        self.key_proj = nn.Linear(key_size, attention_size, bias=False)  # W_h
+        self.v = nn.Linear(attention_size, 1, bias=False)  # v^T
+
+    def forward(
+        self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_attention_args(query, keys, mask, self.query_proj.in_features,
+                              self.query_proj.weight)
+        single = query.dim() == 2
+        q = query.unsqueeze(1) if single else query  # (B, T, Dq)
+        scores = self._scores(q, keys, self.project_keys(keys))  # (B, T, S)
+        context, weights = _attend(scores, keys, mask)  # (B, T, Dk), (B, T, S)
+        return (context.squeeze(1), weights.squeeze(1)) if single else (context, weights)
+
+    def project_keys(self, keys: torch.Tensor) -> torch.Tensor | None:
+        """W_h h_j for every key (B, S, A), or None for the dot score. A decoder computes it
+        once per source and reuses it at every step, as Bahdanau et al. do."""
+        return None if self.score == "dot" else self.key_proj(keys)  # (B, S, A)
+
+    def _scores(
+        self, q: torch.Tensor, keys: torch.Tensor, projected_keys: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.score == "dot":
+            # e_tj = (W_s s_t) . h_j
+            return self.query_proj(q) @ keys.transpose(1, 2)  # (B, T, S)
+        # e_tj = v^T tanh(W_s s_t + W_h h_j)
+        hidden = torch.tanh(self.query_proj(q)[:, :, None] + projected_keys[:, None])
+        return self.v(hidden).squeeze(-1)  # (B, T, S)
+
+    def _step(
+        self, query: torch.Tensor, keys: torch.Tensor, projected_keys: torch.Tensor | None,
+        blocked: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder query (B, Dq) on checked inputs whose every row has an allowed key;
+        ``blocked`` is ~mask, (B, S). Returns the context (B, Dk) and the weights (B, S)."""
+        scores = self._scores(query[:, None], keys, projected_keys)[:, 0]  # (B, S)
+        weights = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)  # (B, S)
+        return (weights[:, None] @ keys)[:, 0], weights  # (B, Dk), (B, S)
+
+    def extra_repr(self) -> str:
+        return f"score={self.score!r}"
+
+
+def _attend(
+    scores: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """alpha = softmax over the allowed source positions, c = alpha @ h."""
+    if mask is not None:
+        allowed = mask[:, None, :]  # (B, 1, S)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (B, T, S)
+    if mask is not None:  # a query with no allowed key: zeros, not NaN
+        weights = weights.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
+    return weights @ keys, weights  # (B, T, Dk), (B, T, S)
+
+
+def _check_attention_args(
+    query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, query_size: int,
+    weight: torch.Tensor,
+) -> None:
+    """Shapes and dtypes of an :class:`RNNAttention` call (no values are read)."""
+    require_ndim("query", query, (2, 3), "(B, Dq) or (B, T, Dq)")
+    require_ndim("keys", keys, (3,), "(B, S, Dk)")
+    require_size("query", query, -1, query_size, "the query_size Dq of this attention")
+    require_dtype_of("query", query, weight, "the attention's weights")
+    require_dtype_of("keys", keys, weight, "the attention's weights")
+    if query.shape[0] != keys.shape[0]:
+        raise ValueError(f"query has batch size {query.shape[0]} but keys has batch size "
+                         f"{keys.shape[0]} (shape {shape_of(keys)}); they must match")
+    if mask is not None:
+        require_bool_mask("mask", mask)
+        if mask.shape != keys.shape[:2]:
+            raise ValueError(f"mask has shape {shape_of(mask)} but should be (B, S) = "
+                             f"{tuple(keys.shape[:2])}, one entry per key (True = real token)")
+
+
+class RNNSeq2SeqOutput(NamedTuple):
+    """What :class:`RNNEncoderDecoder` returns.
+
+    Attributes:
+        logits: (B, T, V) scores for the next target token at every target position.
+        loss: mean cross-entropy against ``targets`` (-100 entries not scored), or None.
+        weights: (B, T, S) the attention weights of every target step over the source
+            (None for a model without attention).
+    """
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None
+    weights: torch.Tensor | None
+
+
+class RNNEncoderDecoder(nn.Module):
+    """A GRU encoder-decoder for translation, with or without attention over the source.
+
+    Encoder: an embedding and a bidirectional GRU; source word j is represented by
+    h_j = [forward state; backward state] (2H numbers), the word in its context on both sides.
+
+    Decoder: a GRU cell that writes the target one token at a time from the previous target
+    token y_{t-1} and a context vector c_t:
+
+    - ``attention=None``: c_t = c for every t, where c joins the last forward and the first
+      backward state: the whole source squeezed into one vector (Cho et al., 2014);
+    - ``attention="additive"`` or ``"dot"``: c_t = sum_j alpha_tj h_j, with alpha_t computed by
+      :class:`RNNAttention` from the previous decoder state s_{t-1} (Bahdanau et al., 2015).
+
+    Then s_t = GRU([emb(y_{t-1}); c_t], s_{t-1}) and logits_t = W_o [s_t; c_t], starting
+    from s_0 = tanh(W_0 c). Sources are right-padded; padding is skipped by the encoder and
+    never attended to.
+
+    Args:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes.
+        d_embed: E, the embedding size.
+        hidden_size: H, the GRUs' hidden size.
+        attention: ``"additive"`` (default), ``"dot"`` or None.
+        pad_id: the source padding id, used when no ``src_attention_mask`` is given.
+
+    Shapes:
+        forward(src (B, S), tgt (B, T), targets (B, T) or None, src_attention_mask (B, S))
+        -> RNNSeq2SeqOutput(logits (B, T, V), loss, weights (B, T, S) or None)
+    """
+
+    def __init__(
+        self, src_vocab_size: int, tgt_vocab_size: int, *, d_embed: int = 32,
+        hidden_size: int = 64, attention: str | None = "additive", pad_id: int | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("src_vocab_size", src_vocab_size), ("d_embed", d_embed),
+                            ("tgt_vocab_size", tgt_vocab_size), ("hidden_size", hidden_size)):
+            require_positive_int(name, value)
+        if attention is not None:
+            require_choice("attention", attention, _SCORES)
+        if pad_id is not None:
+            require_non_negative_int("pad_id", pad_id)
+        self.src_vocab_size, self.tgt_vocab_size, self.pad_id = \
+            src_vocab_size, tgt_vocab_size, pad_id
+        self.src_embed = nn.Embedding(src_vocab_size, d_embed)
+        self.tgt_embed = nn.Embedding(tgt_vocab_size, d_embed)
+        self.encoder = nn.GRU(d_embed, hidden_size, batch_first=True, bidirectional=True)
+        self.init_state = nn.Linear(2 * hidden_size, hidden_size)  # W_0
+        self.attention = (None if attention is None else
+                          RNNAttention(hidden_size, 2 * hidden_size, score=attention))
+        self.cell = nn.GRUCell(d_embed + 2 * hidden_size, hidden_size)
+        self.out = nn.Linear(3 * hidden_size, tgt_vocab_size)  # W_o on [s_t; c_t]
+
+    def forward(
+        self, src: torch.Tensor, tgt: torch.Tensor, *, targets: torch.Tensor | None = None,
+        src_attention_mask: torch.Tensor | None = None,
+    ) -> RNNSeq2SeqOutput:
+        mask = self._check(src, src_attention_mask)
+        check_token_ids("tgt", tgt, self.tgt_vocab_size)
+        if tgt.shape[0] != src.shape[0]:
+            raise ValueError(f"src has batch size {src.shape[0]} but tgt has batch size "
+                             f"{tgt.shape[0]}; they must match")
+        if targets is not None and targets.shape != tgt.shape:
+            raise ValueError(f"targets has shape {shape_of(targets)} but tgt has shape "
+                             f"{shape_of(tgt)}: one target per decoder input")
+        memory = self._memory(src, mask)
+        s = torch.tanh(self.init_state(memory[1]))  # (B, H): s_0
+        embedded = self.tgt_embed(tgt)  # (B, T, E)
+        outputs, weights = [], []
+        for t in range(tgt.shape[1]):  # one target token after another
+            s, context, alpha = self._step(embedded[:, t], s, memory)
+            outputs.append(torch.cat([s, context], dim=-1))  # (B, 3H)
+            weights.append(alpha)
+        logits = self.out(torch.stack(outputs, dim=1))  # (B, T, V)
+        loss = None
+        if targets is not None:  # mean cross-entropy over the scored (not -100) positions
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                   ignore_index=IGNORE_INDEX)
+        alignment = None if self.attention is None else torch.stack(weights, dim=1)  # (B, T, S)
+        return RNNSeq2SeqOutput(logits, loss, alignment)
+
+    def encode(
+        self, src: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder states h_j (B, S, 2H) and the summary c (B, 2H), for checked inputs."""
+        lengths = mask.sum(dim=1).cpu()  # (B,)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.src_embed(src), lengths, batch_first=True, enforce_sorted=False)
+        out, last = self.encoder(packed)  # last: (2, B, H), final state of each direction
+        states, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True,
+                                                     total_length=src.shape[1])  # (B, S, 2H)
+        return states, torch.cat([last[0], last[1]], dim=-1)  # (B, S, 2H), (B, 2H)
+
+    def _memory(self, src: torch.Tensor, mask: torch.Tensor) -> tuple:
+        """What every decoder step reads: the encoder states (B, S, 2H), the summary c
+        (B, 2H), the keys' projection for an additive score (or None) and ~mask (B, S)."""
+        states, summary = self.encode(src, mask)
+        keys = None if self.attention is None else self.attention.project_keys(states)
+        return states, summary, keys, ~mask
+
+    def _step(self, y_prev: torch.Tensor, s: torch.Tensor, memory: tuple) -> tuple:
+        """One decoder step: (s_t (B, H), c_t (B, 2H), alpha_t (B, S) or None)."""
+        states, summary, projected_keys, blocked = memory
+        alpha = None
+        if self.attention is None:
+            context = summary  # (B, 2H): the same vector at every step
+        else:  # the query is s_{t-1}
+            context, alpha = self.attention._step(s, states, projected_keys, blocked)
+        s = self.cell(torch.cat([y_prev, context], dim=-1), s)  # (B, H): s_t
+        return s, context, alpha
+
+    @torch.no_grad()
+    def generate(
+        self, src: torch.Tensor, *, bos_id: int, max_new_tokens: int,
+        eos_id: int | None = None, src_attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Greedy decoding: (B, max_new_tokens) target ids, without the leading ``bos_id``;
+        after ``eos_id`` a row is filled with ``eos_id``."""
+        mask = self._check(src, src_attention_mask)
+        require_non_negative_int("bos_id", bos_id)
+        require_positive_int("max_new_tokens", max_new_tokens)
+        memory = self._memory(src, mask)
+        s = torch.tanh(self.init_state(memory[1]))  # (B, H)
+        y = torch.full((src.shape[0],), bos_id, dtype=torch.long, device=src.device)  # (B,)
+        done = torch.zeros_like(y, dtype=torch.bool)
+        out = []
+        for _ in range(max_new_tokens):
+            s, context, _ = self._step(self.tgt_embed(y), s, memory)
+            y = self.out(torch.cat([s, context], dim=-1)).argmax(-1)  # (B,)
+            if eos_id is not None:
+                y = y.masked_fill(done, eos_id)
+                done = done | (y == eos_id)
+            out.append(y)
+        return torch.stack(out, dim=1)  # (B, max_new_tokens)
+
+    def _check(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Check a source batch; return its (B, S) mask of real tokens (right-padded)."""
+        check_token_ids("src", src, self.src_vocab_size)
+        if src_attention_mask is None:
+            if self.pad_id is None:
+                return torch.ones_like(src, dtype=torch.bool)  # (B, S)
+            mask = src != self.pad_id  # (B, S)
+        else:
+            mask = require_bool_mask("src_attention_mask", src_attention_mask)
+            if mask.shape != src.shape:
+                raise ValueError(f"src_attention_mask has shape {shape_of(mask)} but src has "
+                                 f"shape {shape_of(src)}; they must match")
+        lengths = mask.sum(dim=1)  # (B,)
+        right_padded = torch.arange(src.shape[1], device=src.device) < lengths[:, None]
+        if not torch.equal(mask, right_padded) or int(lengths.min()) == 0:
+            raise ValueError(
+                "every source must start with at least one real token and be padded on the "
+                "right only (mask like [True, True, False]); got a source mask of "
+                f"{mask.int().tolist()}"[:400]
+            )
+        return mask
+
+    def extra_repr(self) -> str:
+        score = "none" if self.attention is None else self.attention.score
+        return f"attention={score}"

@@ -273,3 +273,135 @@ def date_task(
     tgt_in = _pad_rows([[vocab.bos_id, *t] for t in tgt], vocab.pad_id)  # (N, T)
     tgt_out = _pad_rows([[*t, vocab.eos_id] for t in tgt], IGNORE_INDEX)  # (N, T)
     return TranslationTask(src, tgt_in, tgt_out, vocab, src_text, tgt_text)
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic encoder-decoder task with a known alignment: word order
+
+_LEXICON = {  # masculine nouns and adjectives that follow the noun, so the toy French reads well
+    "det": {"the": "le", "a": "un", "this": "ce", "my": "mon", "his": "son",
+            "every": "chaque"},
+    "noun": {"cat": "chat", "dog": "chien", "horse": "cheval", "king": "roi",
+             "wolf": "loup", "fox": "renard", "boy": "garçon", "book": "livre"},
+    "adj": {"red": "rouge", "black": "noir", "white": "blanc", "green": "vert",
+            "blue": "bleu", "grey": "gris", "happy": "heureux", "fast": "rapide"},
+    "verb": {"sees": "voit", "likes": "aime", "follows": "suit", "finds": "trouve",
+             "calls": "appelle", "watches": "regarde"},
+}
+
+
+class AlignedTranslationTask(NamedTuple):
+    """A synthetic translation task whose word alignment is known, for :class:`EncoderDecoder`.
+
+    Attributes:
+        src: (N, S) source word ids, right-padded with ``vocab.pad_id``.
+        tgt_in: (N, T) decoder inputs: ``<bos>`` then the target words, padded with pad_id.
+        tgt_out: (N, T) what to predict: the target words then ``<eos>``, padded with -100.
+        alignment: (N, T) for each position of ``tgt_out``, the index of the source word it
+            translates, and -100 where there is none (``<eos>``, padding).
+        vocab: one :class:`Seq2SeqVocab` of words shared by source and target.
+        src_text, tgt_text: the sentences as strings (words separated by spaces).
+    """
+
+    src: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    alignment: torch.Tensor
+    vocab: Seq2SeqVocab
+    src_text: list[str]
+    tgt_text: list[str]
+
+    def words(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """The words of a 1-D sequence of ids, separated by spaces: stops at ``<eos>`` and
+        leaves out ``<bos>`` and padding."""
+        if isinstance(ids, torch.Tensor):
+            require_ndim("ids", ids, (1,), "(T,)")
+            ids = ids.tolist()
+        out = []
+        for i in ids:
+            if i == self.vocab.eos_id:
+                break
+            if i not in (self.vocab.pad_id, self.vocab.bos_id, IGNORE_INDEX):
+                out.append(self.vocab.tokens[i])
+        return " ".join(out)
+
+
+def word_order_vocab() -> Seq2SeqVocab:
+    """The vocabulary of :func:`word_order_task`: specials, then every English and French word."""
+    words = [w for kind in _LEXICON.values() for pair in kind.items() for w in pair]
+    return Seq2SeqVocab(("<pad>", "<bos>", "<eos>", *sorted(set(words))))
+
+
+def _noun_phrase(det: str, adjectives: list[str], noun: str, start: int
+                 ) -> tuple[list[str], list[str], list[int]]:
+    """English ``det adj_1 .. adj_k noun`` and its toy French ``det' noun' adj_k' .. adj_1'``,
+    with the index (from ``start``) of the English word each French word translates."""
+    english = [det, *adjectives, noun]
+    k = len(adjectives)
+    order = [0, k + 1, *range(k, 0, -1)]  # det, noun, then the adjectives mirrored
+    french = [_translate(english[i]) for i in order]
+    return english, french, [start + i for i in order]
+
+
+def _translate(word: str) -> str:
+    return next(kind[word] for kind in _LEXICON.values() if word in kind)
+
+
+def word_order_task(
+    n: int,
+    *,
+    max_adjectives: int = 2,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+) -> AlignedTranslationTask:
+    """Translate toy English into toy French, word for word but with French word order.
+
+    ``the happy black cat sees a fox  ->  le chat noir heureux voit un renard``: every English
+    word has exactly one French word (no genders, no agreement), and in each noun phrase the
+    adjectives move after the noun in mirrored order, as in the English-French alignment
+    pictures of Bahdanau et al. (2015) ("European Economic Area" -> "zone économique
+    européenne"). So the gold alignment is known: a permutation with crossings inside each
+    noun phrase. Sentences are ``det adj* noun verb det adj* noun`` with 0 to
+    ``max_adjectives`` adjectives per noun phrase and no word used twice in a sentence, so
+    every position of the source holds a different word and the gold alignment is the only
+    right one.
+
+    Args:
+        n: N, the number of examples.
+        max_adjectives: at most this many adjectives per noun phrase, 0 to 3.
+        generator, seed: randomness (one or the other; seed 0 if neither).
+
+    Returns:
+        :class:`AlignedTranslationTask` with src (N, S) and tgt_in, tgt_out, alignment (N, T),
+        S = 5 + 2 * max_adjectives and T = S + 1 (for the longest sentences).
+    """
+    require_positive_int("n", n)
+    if isinstance(max_adjectives, bool) or not isinstance(max_adjectives, int) \
+            or not 0 <= max_adjectives <= 3:
+        raise ValueError(f"max_adjectives must be an integer from 0 to 3, got {max_adjectives!r}")
+    gen = _generator(generator, seed)
+    vocab = word_order_vocab()
+    words = {kind: list(table) for kind, table in _LEXICON.items()}
+    rows: dict[str, list] = {"src": [], "tgt": [], "align": [], "src_text": [], "tgt_text": []}
+    for _ in range(n):
+        dets = [words["det"][int(i)] for i in torch.randperm(6, generator=gen)[:2]]
+        nouns = [words["noun"][int(i)] for i in torch.randperm(8, generator=gen)[:2]]
+        adjectives = [words["adj"][int(i)] for i in torch.randperm(8, generator=gen)]
+        counts = torch.randint(max_adjectives + 1, (2,), generator=gen).tolist()
+        verb = words["verb"][int(torch.randint(6, (1,), generator=gen))]
+        en1, fr1, al1 = _noun_phrase(dets[0], adjectives[:counts[0]], nouns[0], 0)
+        verb_at = len(en1)
+        en2, fr2, al2 = _noun_phrase(dets[1], adjectives[counts[0]:counts[0] + counts[1]],
+                                     nouns[1], verb_at + 1)
+        english, french = [*en1, verb, *en2], [*fr1, _translate(verb), *fr2]
+        rows["src"].append([vocab._index[w] for w in english])
+        rows["tgt"].append([vocab._index[w] for w in french])
+        rows["align"].append([*al1, verb_at, *al2, IGNORE_INDEX])  # <eos> translates nothing
+        rows["src_text"].append(" ".join(english))
+        rows["tgt_text"].append(" ".join(french))
+    src = _pad_rows(rows["src"], vocab.pad_id)  # (N, S)
+    tgt_in = _pad_rows([[vocab.bos_id, *t] for t in rows["tgt"]], vocab.pad_id)  # (N, T)
+    tgt_out = _pad_rows([[*t, vocab.eos_id] for t in rows["tgt"]], IGNORE_INDEX)  # (N, T)
+    alignment = _pad_rows(rows["align"], IGNORE_INDEX)  # (N, T)
+    return AlignedTranslationTask(src, tgt_in, tgt_out, alignment, vocab, rows["src_text"],
+                                  rows["tgt_text"])

@@ -599,6 +599,7 @@ class _Run:
         self.eval_s = 0.0  # how long the last evaluation took
         self.bar = tqdm(total=self.planned, desc=desc, disable=not progress, leave=True)
         self.postfix: dict[str, str] = {}
+        self.callback: Callable[[int, TrainHistory], object] | None = None
 
     def evaluate(self, done: int) -> None:
         """Mean train (and validation) loss over eval_iters batches, after ``done`` updates."""
@@ -608,6 +609,13 @@ class _Run:
         if self.batches["val"] is not None:
             history.val_losses.append(_mean_loss(self.model, self.batches["val"], iters))
             self.postfix["val"] = f"{history.val_losses[-1]:.3f}"
+        if self.callback is not None:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                self.callback(done, history)
+            finally:
+                self.model.train(was_training)
         self.eval_s = time.perf_counter() - started
 
     def record(
@@ -681,6 +689,7 @@ def train(
     val_batches: BatchFn | None = None,
     progress: bool = True,
     desc: str = "training",
+    callback: Callable[[int, TrainHistory], object] | None = None,
 ) -> TrainHistory:
     """Train ``model`` with AdamW, warm-up + cosine learning rate and gradient clipping.
 
@@ -695,11 +704,19 @@ def train(
             updates if given.
         progress: show a progress bar with the live loss (tqdm; False for none).
         desc: the progress bar's label.
+        callback: called as ``callback(step, history)`` after every evaluation (before the
+            first update with step 0, every ``eval_interval`` updates and after the last),
+            once the evaluation's losses are in ``history``: e.g. to redraw a live plot or
+            keep the best weights. The model is in eval mode during the call (no dropout);
+            its return value is ignored.
 
     Returns:
         A :class:`TrainHistory`. The model is left in the mode (train/eval) it came in.
     """
     config = _check_train_args(model, train_batches, config, val_batches, progress, desc)
+    if callback is not None:
+        require_callable("callback", callback, "a function callback(step, history)",
+                         "pass e.g. lambda step, history: print(step, history.val_losses[-1])")
     if config.seed is not None:
         torch.manual_seed(config.seed)
     device = _model_device(model)
@@ -710,6 +727,7 @@ def train(
     clock_start = time.perf_counter()  # a time budget counts from here
     first = _first_batch(model, train_batches, val_batches)  # drawn and checked once
     run = _Run(model, train_batches, val_batches, config, progress, desc, clock_start)
+    run.callback = callback
     try:
         model.train()
         run.evaluate(0)

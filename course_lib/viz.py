@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -191,3 +192,281 @@ def _initial_value(control: Any) -> Any:
     if isinstance(control, (list, tuple)) and control:
         return control[0]
     return control
+
+
+# --------------------------------------------------------------------------------------------
+# The head view: one attention head of a real model, on a sentence the learner types.
+# Plain matplotlib inside standard ipywidgets, so it works offline in JupyterLab, Notebook and
+# Colab (no JavaScript library to fetch, nothing a front end may block).
+
+AttentionFn = Callable[[str], tuple[Any, Sequence[str]]]
+
+
+def _attention_stack(attentions: Any, tokens: Sequence[str]) -> torch.Tensor:
+    """Every layer's weights for one sequence as one (L, H, n, n) tensor on the CPU.
+
+    Accepts an (L, H, n, n) tensor or a sequence of L tensors of (H, n, n) or (1, H, T, T)
+    (a model's ``attentions`` for a batch of one; padding beyond the n tokens is cut off).
+    """
+    layers = list(attentions) if not isinstance(attentions, torch.Tensor) else [*attentions]
+    if not layers:
+        raise ValueError("attentions is empty: the model returned no attention weights")
+    n = len(tokens)
+    stacked = []
+    for i, w in enumerate(layers):
+        w = torch.as_tensor(w).detach().float().cpu()
+        if w.dim() == 4 and w.shape[0] != 1:
+            raise ValueError(
+                f"attentions[{i}] has shape {tuple(w.shape)}: a batch of {w.shape[0]} "
+                "sequences, but one sequence is drawn. Pick it first, e.g. "
+                "[a[b:b + 1] for a in out.attentions] with tokens out.tokens[b]"
+            )
+        if w.dim() == 4:
+            w = w[0]  # (H, T, T): the only sequence of the batch
+        if w.dim() != 3 or w.shape[-1] < n or w.shape[-2] < n:
+            raise ValueError(
+                f"attentions[{i}] has shape {tuple(w.shape)}, expected (H, n, n) or "
+                f"(1, H, T, T) with n = {n} tokens"
+            )
+        stacked.append(w[:, :n, :n])
+    return torch.stack(stacked)  # (L, H, n, n)
+
+
+def _encoder_fn(model: Any) -> AttentionFn:
+    """A function sentence -> (attentions, tokens) for a model with ``.encode`` (such as
+    course_lib.pretrained's PretrainedEncoder) or for such a function itself."""
+    if hasattr(model, "encode"):
+        def attend(sentence: str) -> tuple[Any, Sequence[str]]:
+            out = model.encode(sentence, output_attentions=True, output_hidden_states=False)
+            return out.attentions, out.tokens[0]
+        return attend
+    if callable(model):
+        return model
+    raise TypeError(
+        f"model must have an .encode(sentence) method (e.g. load_pretrained_encoder()) or be a "
+        f"function sentence -> (attentions, tokens), got {type(model).__name__}"
+    )
+
+
+def _check_index(name: str, value: object, size: int) -> int:
+    """A layer or head index in -size..size-1 (negative counts from the end), as 0..size-1."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -size <= value < size:
+        raise ValueError(f"{name} must be an integer in 0..{size - 1}, got {value!r}")
+    return value % size
+
+
+def plot_head(
+    attentions: Any,
+    tokens: Sequence[str],
+    layer: int,
+    head: int,
+    *,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
+    """Draw one head's attention over a sentence, its tokens on both axes.
+
+    Args:
+        attentions: (L, H, n, n), or L tensors of (H, n, n) or (1, H, T, T).
+        tokens: the n token strings.
+        layer, head: which one to draw.
+        ax: draw into this axes (a new figure otherwise).
+
+    Returns:
+        The axes (row = query token, column = key token).
+    """
+    stack = _attention_stack(attentions, tokens)  # (L, H, n, n)
+    layer = _check_index("layer", layer, stack.shape[0])
+    head = _check_index("head", head, stack.shape[1])
+    n = len(tokens)
+    if ax is None:
+        size = min(9.0, 2.0 + 0.42 * n)
+        _, ax = plt.subplots(figsize=(size + 1.0, size))
+    plot_attention(stack[layer, head], tokens, tokens, ax=ax, vmin=0.0, vmax=1.0,
+                   annotate=n <= 10, title=f"layer {layer}, head {head}")
+    return ax
+
+
+def plot_layer_heads(
+    attentions: Any, tokens: Sequence[str], layer: int, *, columns: int = 6
+) -> plt.Figure:
+    """All heads of one layer side by side (small multiples, tokens on both axes of the
+    first column and the last row)."""
+    stack = _attention_stack(attentions, tokens)  # (L, H, n, n)
+    n_heads, n = stack.shape[1], len(tokens)
+    layer = _check_index("layer", layer, stack.shape[0])
+    rows = -(-n_heads // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(2.1 * columns, 2.1 * rows + 0.4),
+                             squeeze=False)
+    for h, ax in enumerate(axes.flat):
+        if h >= n_heads:
+            ax.axis("off")
+            continue
+        ax.imshow(stack[layer, h].numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
+        ax.set_title(f"head {h}", fontsize=9)
+        ax.set_xticks(range(n), labels=tokens if h // columns == rows - 1 else [""] * n,
+                      rotation=90, fontsize=6)
+        ax.set_yticks(range(n), labels=tokens if h % columns == 0 else [""] * n, fontsize=6)
+    fig.suptitle(f"layer {layer}: every head (row = query, column = key)")
+    fig.tight_layout()
+    return fig
+
+
+def head_view_widget(
+    model: Any, sentence: str = "The cat sat on the mat because it was tired.", *,
+    layer: int = 0, head: int = 0,
+) -> Any:
+    """Build (without showing) the interactive head view; see :func:`head_view`.
+
+    Returns:
+        An ``ipywidgets.interactive`` whose children are the sentence box, the layer and head
+        sliders and the output; its ``.result`` is the (n, n) matrix last drawn.
+
+    Raises:
+        ValueError: ``layer`` or ``head`` outside the model's range (negative values count
+            from the end).
+    """
+    import ipywidgets
+
+    attend = lru_cache(maxsize=8)(lambda text: _as_stack(_encoder_fn(model), text))
+    stack, _ = attend(sentence)
+    n_layers, n_heads = stack.shape[:2]
+    layer = _check_index("layer", layer, n_layers)  # the sliders start in range
+    head = _check_index("head", head, n_heads)
+
+    def show(sentence: str, layer: int, head: int) -> torch.Tensor:
+        weights, tokens = attend(sentence)
+        plot_head(weights, tokens, layer, head)
+        plt.show()
+        return weights[layer, head]  # (n, n)
+
+    style = {"description_width": "initial"}
+    return ipywidgets.interactive(
+        show,
+        sentence=ipywidgets.Text(value=sentence, description="sentence (Enter to update)",
+                                 continuous_update=False, style=style,
+                                 layout=ipywidgets.Layout(width="95%")),
+        layer=ipywidgets.IntSlider(value=layer, min=0, max=n_layers - 1, description="layer",
+                                   continuous_update=False, style=style),
+        head=ipywidgets.IntSlider(value=head, min=0, max=n_heads - 1, description="head",
+                                  continuous_update=False, style=style),
+    )
+
+
+def _as_stack(attend: AttentionFn, sentence: str) -> tuple[torch.Tensor, list[str]]:
+    if not isinstance(sentence, str):
+        raise TypeError(f"sentence must be a string, got {type(sentence).__name__}")
+    attentions, tokens = attend(sentence)
+    tokens = list(tokens)
+    return _attention_stack(attentions, tokens), tokens
+
+
+def head_view(
+    model: Any, sentence: str = "The cat sat on the mat because it was tired.", *,
+    layer: int = 0, head: int = 0,
+) -> None:
+    """An interactive view of one attention head of a real model: type a sentence (press
+    Enter), pick the layer and the head; the heatmap shows every query token's weights over
+    the key tokens.
+
+    Args:
+        model: anything with ``.encode(sentence)`` returning ``.attentions`` and ``.tokens``
+            (e.g. ``load_pretrained_encoder()``), or a function sentence ->
+            (attentions, tokens).
+        sentence: the first sentence shown.
+        layer, head: the first layer and head shown.
+
+    Without a live front end (or without ipywidgets) it draws the first view once.
+
+    Raises:
+        ValueError: ``layer`` or ``head`` outside the model's range (negative values count
+            from the end).
+    """
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
+        stack, tokens = _as_stack(_encoder_fn(model), sentence)
+        plot_head(stack, tokens, layer, head)  # checks layer and head
+        plt.show()
+        return
+    display(head_view_widget(model, sentence, layer=layer, head=head))  # checks them too
+
+
+# --------------------------------------------------------------------------------------------
+# Loss curves
+
+
+def draw_losses(
+    ax: Any,
+    steps: Sequence[int],
+    curves: dict[str, Sequence[float]],
+    baselines: dict[str, float] | None = None,
+    *,
+    best: tuple[int, float] | None = None,
+) -> None:
+    """Draw loss curves against the update number, with dashed baseline levels.
+
+    Args:
+        ax: the matplotlib Axes to draw on.
+        steps: the update number of each evaluation.
+        curves: name -> losses, one per evaluation so far (a curve may be shorter than
+            ``steps`` while training runs).
+        baselines: name -> loss level, drawn as labelled dashed lines (e.g. the bigram
+            cross-entropy).
+        best: (step, loss) of the kept checkpoint, marked with a star.
+    """
+    if not isinstance(curves, dict):
+        raise TypeError(f"curves must be a dict of name -> losses, got {type(curves).__name__}")
+    for name, values in curves.items():
+        ax.plot(list(steps)[: len(values)], list(values), marker="o", markersize=3, label=name)
+    shades = ["0.6", "0.45", "0.3", "0.15"]
+    for i, (name, value) in enumerate((baselines or {}).items()):
+        color = shades[i % len(shades)]
+        ax.axhline(value, ls="--", lw=1, color=color)
+        ax.text(0, value, f" {name}", va="bottom", fontsize=8, color=color)
+    if best is not None:
+        ax.plot(*best, marker="*", markersize=14, color="gold", markeredgecolor="black",
+                label="best checkpoint", ls="none")
+    ax.set_xlabel("update")
+    ax.set_ylabel("loss (nats per token)")
+    ax.legend(loc="upper right")
+
+
+class LivePlot:
+    """A loss plot redrawn in place while a notebook cell is still running.
+
+    Create it before training and call :meth:`update` from the training loop (e.g. from
+    ``course_lib.train.train``'s ``callback``). Outside a notebook, the figure is simply kept
+    up to date and nothing is shown.
+
+    Args:
+        baselines: name -> loss level drawn as dashed lines (see :func:`draw_losses`).
+        ylim: (bottom, top) of the loss axis, fixed so the redraws do not jump.
+        figsize: the figure size in inches.
+    """
+
+    def __init__(self, baselines: dict[str, float] | None = None,
+                 ylim: tuple[float, float] | None = None,
+                 figsize: tuple[float, float] = (7, 4)) -> None:
+        self.fig, self.ax = plt.subplots(figsize=figsize)
+        self.baselines, self.ylim = baselines, ylim
+        try:
+            from IPython.display import display
+
+            self.handle = display(self.fig, display_id=True)
+        except ImportError:  # no IPython: keep the figure only
+            self.handle = None
+        plt.close(self.fig)  # shown through the display handle only
+
+    def update(self, steps: Sequence[int], curves: dict[str, Sequence[float]],
+               best: tuple[int, float] | None = None) -> None:
+        """Redraw with the curves so far (arguments as for :func:`draw_losses`)."""
+        self.ax.clear()
+        draw_losses(self.ax, steps, curves, self.baselines, best=best)
+        if self.ylim is not None:
+            self.ax.set_ylim(*self.ylim)
+        if self.handle is not None:
+            self.handle.update(self.fig)

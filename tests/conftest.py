@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 
-# The environment of every kernel the tests start (one thread, pinned vector kernels) is set
-# in pyproject.toml ([tool.pytest.ini_options] env), so stored outputs compare exactly.
-
 import pytest
 from hypothesis import HealthCheck, settings
 
 from course_lib.device import available_devices
+
+# The environment of every kernel the tests start (one thread, pinned vector kernels) is set
+# in pyproject.toml ([tool.pytest.ini_options] env), so stored outputs compare exactly.
 
 # Property tests: enough examples to find shape edge cases, no deadline (CPU speed varies).
 settings.register_profile(

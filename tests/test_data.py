@@ -362,7 +362,7 @@ def test_token_accuracy_matches_counting_by_hand():
         targets[torch.rand(5, 7, generator=gen) < 0.4] = IGNORE_INDEX
         targets[0, 0] = 1  # at least one scored position
         predictions = torch.randint(0, 4, (5, 7), generator=gen)
-        pairs = [(p, t) for p, t in zip(predictions.flatten().tolist(), targets.flatten().tolist())
+        pairs = [(p, t) for p, t in zip(predictions.flatten().tolist(), targets.flatten().tolist(), strict=False)
                  if t != IGNORE_INDEX]
         expected = sum(p == t for p, t in pairs) / len(pairs)
         assert token_accuracy(predictions, targets) == pytest.approx(expected, abs=1e-7)

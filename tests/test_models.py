@@ -256,8 +256,9 @@ def test_encoder_decoder_generation():
     # greedy decoding equals taking the argmax of a forward pass at each step
     step = model(src, out[:, :-1]).logits.argmax(-1)
     assert torch.equal(step, out[:, 1:])
-    # learned target positions cap the length at max_tgt_len
-    assert model.generate(src, bos_id=1, max_new_tokens=50).shape[1] == 10
+    # learned target positions cap the new tokens at max_tgt_len (the last decoder input,
+    # <bos> plus max_tgt_len - 1 tokens, fits the position table): 1 + 10 ids
+    assert model.generate(src, bos_id=1, max_new_tokens=50).shape[1] == 11
 
 
 def test_encoder_decoder_stops_at_eos():

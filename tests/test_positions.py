@@ -20,6 +20,8 @@ from course_lib.positions import (
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    ntk_scaled_base,
+    rope_frequencies,
     sinusoidal_encoding,
 )
 
@@ -153,3 +155,82 @@ def test_sinusoidal_module_gives_the_rows_asked_for_after_moving():
     module.to("meta")
     assert module(3).shape == (3, 8) and module(3).device.type == "meta"
     assert module(2, offset=4).shape == (2, 8)
+
+
+# ------------------------------------------------- stretching RoPE to longer inputs
+
+
+def _hf_inv_freq(rope_type: str, d_head: int, factor: float, seq_len: int, trained: int):
+    """Hugging Face's inverse frequencies for a Llama config with this RoPE scaling."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=2 * d_head, num_attention_heads=2,
+                         max_position_embeddings=trained,
+                         rope_parameters={"rope_type": rope_type, "factor": factor,
+                                          "rope_theta": 10000.0})
+    inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
+    return inv_freq
+
+
+@pytest.mark.parametrize("d_head", [8, 16, 64])
+@pytest.mark.parametrize("factor", [2.0, 4.0])
+def test_ntk_scaled_base_matches_hugging_face_dynamic_ntk(d_head, factor):
+    # HF's dynamic NTK with factor 1 at seq_len = factor * trained length is the static formula
+    ref = _hf_inv_freq("dynamic", d_head, 1.0, int(32 * factor), 32)
+    ours = rope_frequencies(d_head, base=ntk_scaled_base(d_head, factor))
+    torch.testing.assert_close(ours, ref.float(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0])
+def test_position_interpolation_matches_hugging_face_linear_scaling(factor):
+    d_head = 16
+    inv_freq = _hf_inv_freq("linear", d_head, factor, 32, 32)  # theta_i / factor
+    x = torch.randn(2, 3, 40, d_head)
+    angles = torch.arange(40.0)[:, None] * inv_freq.float()  # (T, Dh/2)
+    cos, sin = angles.cos(), angles.sin()
+    expected = torch.stack((x[..., 0::2] * cos - x[..., 1::2] * sin,
+                            x[..., 0::2] * sin + x[..., 1::2] * cos), dim=-1).flatten(-2)
+    rope = RotaryEmbedding(d_head, scaling_factor=factor)
+    torch.testing.assert_close(rope(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rope(x, torch.arange(40)), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_ntk_scaling_keeps_the_fastest_pair_and_slows_the_slowest_by_the_factor():
+    for d_head, factor in ((8, 2.0), (16, 4.0), (64, 8.0)):
+        plain = rope_frequencies(d_head)
+        scaled = rope_frequencies(d_head, base=ntk_scaled_base(d_head, factor))
+        assert scaled[0] == plain[0] == 1.0
+        assert float(plain[-1] / scaled[-1]) == pytest.approx(factor, rel=1e-5)
+        ratios = plain / scaled  # grow geometrically from 1 to the factor
+        assert bool((ratios[1:] > ratios[:-1]).all())
+
+
+@given(offset=st.integers(0, 60), shift=st.integers(0, 300), seed=st.integers(0, 2**16))
+def test_scaled_rope_scores_still_depend_only_on_offset(offset, shift, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 1, 16, generator=gen, dtype=torch.float64)
+    for rope in (RotaryEmbedding(16, scaling_factor=4.0),
+                 RotaryEmbedding(16, base=ntk_scaled_base(16, 4.0))):
+        def score(p, r, rope=rope):
+            return float((rope(q, torch.tensor([p])) * rope(k, torch.tensor([r]))).sum())
+        assert score(0, offset) == pytest.approx(score(shift, shift + offset), abs=1e-9)
+
+
+def test_position_interpolation_at_factor_times_the_position_is_plain_rope():
+    x = torch.randn(3, 10, 8)
+    positions = torch.arange(10)
+    stretched = RotaryEmbedding(8, scaling_factor=2.0)(x, 2 * positions)
+    torch.testing.assert_close(stretched, apply_rope(x, positions))
+
+
+def test_scaling_arguments_are_checked():
+    with pytest.raises(ValueError, match="scaling_factor"):
+        RotaryEmbedding(8, scaling_factor=0.0)
+    with pytest.raises(ValueError, match="d_head must be at least 4"):
+        ntk_scaled_base(2, 2.0)
+    with pytest.raises(ValueError, match="scaling_factor"):
+        ntk_scaled_base(8, -1.0)
+    with pytest.raises(TypeError, match="d_head"):
+        ntk_scaled_base(8.0, 2.0)
+    assert "scaling_factor=2.0" in repr(RotaryEmbedding(8, scaling_factor=2.0))

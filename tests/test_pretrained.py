@@ -18,6 +18,8 @@ import pytest  # noqa: E402
 import sentence_transformers  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from course_lib.models import Encoder  # noqa: E402
@@ -30,6 +32,7 @@ from course_lib.pretrained import (  # noqa: E402
     load_bert_weights,
     load_pretrained_encoder,
     mean_pool,
+    semantic_search,
 )
 
 ATOL = 1e-4
@@ -184,6 +187,114 @@ def test_mean_pool_ignores_padding():
     torch.testing.assert_close(mean_pool(hidden, keep), torch.tensor([[2.0, 3.0]]))
     with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 2\).*\(1, 3\)"):
         mean_pool(hidden, keep[:, :2])
+
+
+def test_matches_hf_bert_on_a_heavily_padded_truncated_batch(bert, hf_bert):
+    # one input cut at the 256-token limit next to sentences of 4 to 20 tokens: most of the
+    # batch is padding, in the hidden states and in every attention map
+    out = bert.encode([LONG, "Hi!", SENTENCES[1]])
+    keep = out.batch.attention_mask
+    assert out.batch.lengths[0] == 256 and out.batch.lengths[1] == 4
+    _compare_with_hf(out, _hf_outputs(hf_bert, out.batch), keep)
+
+
+def test_padding_does_not_change_any_real_output(bert):
+    """A padded batch gives what each sentence gives alone: hidden states at real tokens,
+    attention maps of real tokens, and sentence embeddings."""
+    batch_out = bert.encode(SENTENCES)
+    for i, sentence in enumerate(SENTENCES):
+        alone = bert.encode(sentence)
+        n = alone.batch.lengths[0]
+        assert batch_out.batch.lengths[i] == n and batch_out.tokens[i] == alone.tokens[0]
+        for h_batch, h_alone in zip(batch_out.hidden_states, alone.hidden_states, strict=True):
+            torch.testing.assert_close(h_batch[i, :n], h_alone[0], atol=1e-5, rtol=1e-5)
+        for w_batch, w_alone in zip(batch_out.attentions, alone.attentions, strict=True):
+            torch.testing.assert_close(w_batch[i, :, :n, :n], w_alone[0], atol=1e-5, rtol=1e-5)
+    together = bert.sentence_embedding(SENTENCES)
+    one_by_one = torch.cat([bert.sentence_embedding(s) for s in SENTENCES])
+    torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=1e-5)
+    # the same sentences in another order and batch size: the same vectors, reordered
+    shuffled = bert.sentence_embedding(SENTENCES[::-1] + ["filler"], batch_size=2)
+    torch.testing.assert_close(shuffled[:-1].flip(0), together, atol=1e-5, rtol=1e-5)
+
+
+def test_mean_pool_matches_sentence_transformers_pooling(bert):
+    pooling = sentence_transformers.models.Pooling(384, pooling_mode="mean")
+    out = bert.encode(SENTENCES, output_attentions=False)
+    keep = out.batch.attention_mask
+    expected = pooling({"token_embeddings": out.last_hidden_state,
+                        "attention_mask": keep.long()})["sentence_embedding"]
+    torch.testing.assert_close(mean_pool(out.last_hidden_state, keep), expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=4),
+       extra=st.integers(0, 3), d=st.integers(1, 5), seed=st.integers(0, 1000))
+def test_mean_pool_never_sees_the_padding(lengths, extra, d, seed):
+    """Whatever the padding holds and however long it is, each row is the mean of its real
+    tokens (zeros when it has none)."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths) + extra
+    hidden = torch.randn(len(lengths), width, d, generator=gen)
+    keep = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+    junk = hidden.masked_fill(~keep[..., None], 1e6)
+    pooled = mean_pool(hidden, keep)
+    torch.testing.assert_close(mean_pool(junk, keep), pooled)
+    for row, n in enumerate(lengths):
+        expected = hidden[row, :n].mean(0) if n else torch.zeros(d)
+        torch.testing.assert_close(pooled[row], expected)
+
+
+def test_semantic_search_matches_sentence_transformers(bert):
+    corpus = bert.sentence_embedding(SENTENCES + ["A kitten rested on a rug.", "Good morning."])
+    queries = bert.sentence_embedding(["a cat on a mat", "hello", "how attention works"])
+    scores, indices = semantic_search(queries, corpus * 3.0, top_k=3)  # any length: cosine
+    hits = sentence_transformers.util.semantic_search(queries, corpus, top_k=3)
+    assert indices.tolist() == [[h["corpus_id"] for h in hit] for hit in hits]
+    torch.testing.assert_close(scores, torch.tensor([[h["score"] for h in hit] for hit in hits]))
+    assert indices[0, 0] == 0 and indices[1, 0] in (2, 5)
+    scores, indices = semantic_search(queries[0], corpus, top_k=100)  # one query, k > N
+    assert scores.shape == indices.shape == (1, len(corpus))
+    assert torch.all(scores[0, :-1] >= scores[0, 1:])
+
+
+def test_semantic_search_rejects_bad_input():
+    corpus = torch.randn(5, 8)
+    with pytest.raises(ValueError, match=r"queries has 4 features .* but corpus has 8"):
+        semantic_search(torch.randn(2, 4), corpus)
+    with pytest.raises(ValueError, match=r"corpus should have shape \(N, D\)"):
+        semantic_search(torch.randn(2, 8), torch.randn(8))
+    with pytest.raises(ValueError, match="top_k must be a positive integer, got 0"):
+        semantic_search(torch.randn(2, 8), corpus, top_k=0)
+    with pytest.raises(ValueError, match="queries must be a floating-point tensor"):
+        semantic_search(torch.ones(2, 8, dtype=torch.long), corpus)
+    with pytest.raises(ValueError, match="queries has dtype torch.float64 but corpus"):
+        semantic_search(torch.randn(2, 8, dtype=torch.float64), corpus)
+
+
+def test_full_size_models_match_hugging_face_counts():
+    """GPT-2 small, BERT-base and BERT-large from their published configurations, ours and
+    Hugging Face's, both on the meta device (no memory): the same number of parameters, up to
+    BERT's pooler (a D x D layer on [CLS] that our encoder leaves out)."""
+    from course_lib.configs import DecoderConfig
+    from course_lib.models import DecoderLM, count_parameters
+
+    bert_base = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                     num_attention_heads=12, intermediate_size=3072)
+    bert_large = dict(bert_base, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                      intermediate_size=4096)
+    with torch.device("meta"):
+        for sizes, released in ((bert_base, 109_482_240), (bert_large, 335_141_888)):
+            config = transformers.BertConfig(**sizes)
+            theirs = transformers.BertModel(config)
+            ours = Encoder(config_from_bert(config.to_dict()))
+            d = sizes["hidden_size"]
+            assert theirs.num_parameters() == released
+            assert count_parameters(ours) + d * d + d == released
+        theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+        ours = DecoderLM(DecoderConfig(vocab_size=50257, d_model=768, n_heads=12, n_layers=12,
+                                       max_len=1024, activation="gelu_tanh"))
+        assert theirs.num_parameters() == count_parameters(ours) == 124_439_808
 
 
 def test_tokenize_rejects_bad_input(bert):

@@ -1,15 +1,22 @@
-"""The Elman RNN against nn.RNN with copied weights."""
+"""The Elman RNN against nn.RNN with copied weights; the attention of RNN encoder-decoders
+against F.scaled_dot_product_attention, Bahdanau's formula and nn.GRU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import on_devices
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
 from course_lib.attention import MultiHeadAttention
+from course_lib.probes import future_leaks
 from course_lib.rnn import (
     ElmanRNN,
+    RNNAttention,
+    RNNEncoderDecoder,
     elman_forward,
     elman_step,
     gradient_norms,
@@ -210,3 +217,187 @@ def test_gradient_norms_bad_inputs():
         gradient_norms(lambda v: rnn(v)[1], torch.randn(4, 3))
     with pytest.raises(ValueError, match="floating-point"):
         gradient_norms(lambda v: rnn(v)[0], torch.ones(4, 3, dtype=torch.long))
+
+
+# ------------------------------------------- attention in an RNN encoder-decoder (Bahdanau)
+
+
+def test_dot_score_attention_is_scaled_dot_product_attention_with_scale_one():
+    torch.manual_seed(0)
+    attention = RNNAttention(6, 10, score="dot")
+    query, keys = torch.randn(3, 4, 6), torch.randn(3, 7, 10)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    with torch.no_grad():
+        context, weights = attention(query, keys, mask)
+        q = attention.query_proj(query)  # (B, T, Dk): W_s s
+    ref = F.scaled_dot_product_attention(q, keys, keys, attn_mask=mask[:, None, :], scale=1.0)
+    torch.testing.assert_close(context, ref, atol=1e-5, rtol=1e-5)
+    assert weights.shape == (3, 4, 7)
+    assert float(weights[1, :, 5:].abs().max()) == 0.0
+
+
+def test_additive_score_follows_bahdanaus_formula():
+    torch.manual_seed(0)
+    attention = RNNAttention(5, 8, score="additive", attention_size=6)
+    s, h = torch.randn(2, 5), torch.randn(2, 4, 8)
+    context, weights = attention(s, h)  # one query per example: (B, Dk), (B, S)
+    W_s, W_h = attention.query_proj.weight, attention.key_proj.weight  # (A, Dq), (A, Dk)
+    v = attention.v.weight[0]  # (A,)
+    for b in range(2):
+        e = torch.stack([v @ torch.tanh(W_s @ s[b] + W_h @ h[b, j]) for j in range(4)])
+        alpha = torch.softmax(e, dim=0)
+        torch.testing.assert_close(weights[b], alpha)
+        torch.testing.assert_close(context[b], alpha @ h[b])
+
+
+@given(batch=st.integers(1, 3), n_keys=st.integers(1, 6), n_queries=st.integers(1, 4),
+       score=st.sampled_from(["additive", "dot"]), seed=st.integers(0, 2**16))
+def test_attention_weights_are_distributions_over_the_real_keys(batch, n_keys, n_queries,
+                                                                 score, seed):
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    attention = RNNAttention(4, 6, score=score)
+    lengths = torch.randint(1, n_keys + 1, (batch,), generator=gen)
+    mask = torch.arange(n_keys) < lengths[:, None]  # (B, S)
+    keys = torch.randn(batch, n_keys, 6, generator=gen)
+    _, weights = attention(torch.randn(batch, n_queries, 4, generator=gen), keys, mask)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(batch, n_queries))
+    assert bool((weights[~mask[:, None, :].expand_as(weights)] == 0).all())
+    assert bool((weights >= 0).all())
+
+
+def test_a_query_with_no_allowed_key_gets_zeros_not_nan():
+    attention = RNNAttention(4, 4)
+    mask = torch.tensor([[True, False], [False, False]])
+    with torch.no_grad():
+        context, weights = attention(torch.randn(2, 4), torch.randn(2, 2, 4), mask)
+    assert not bool(weights.isnan().any())
+    assert float(weights[1].abs().sum()) == 0.0 and float(context[1].abs().sum()) == 0.0
+
+
+def _seq2seq(attention="additive"):
+    torch.manual_seed(0)
+    return RNNEncoderDecoder(12, 9, d_embed=8, hidden_size=10, attention=attention,
+                             pad_id=0).eval()
+
+
+@pytest.mark.parametrize("attention", ["additive", "dot", None])
+def test_padding_changes_nothing(attention):
+    # one source alone, and the same source padded in a batch with a longer one
+    model = _seq2seq(attention)
+    short = torch.tensor([[3, 4, 5]])
+    batch = torch.tensor([[3, 4, 5, 0, 0, 0], [6, 7, 8, 9, 10, 11]])
+    tgt = torch.tensor([[1, 2, 3, 4], [1, 5, 6, 7]])
+    with torch.no_grad():
+        alone = model(short, tgt[:1])
+        together = model(batch, tgt)
+    torch.testing.assert_close(together.logits[0], alone.logits[0], atol=1e-5, rtol=1e-5)
+    if attention is not None:
+        torch.testing.assert_close(together.weights[0, :, :3], alone.weights[0])
+        assert float(together.weights[0, :, 3:].abs().max()) == 0.0
+    else:
+        assert together.weights is None
+
+
+def test_encoder_is_a_bidirectional_torch_gru_on_each_unpadded_source():
+    model = _seq2seq()
+    src = torch.tensor([[3, 4, 5, 0, 0], [6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        states, summary = model.encode(src, src != 0)  # (B, S, 2H), (B, 2H)
+    for b, length in enumerate((3, 5)):
+        with torch.no_grad():
+            out, last = model.encoder(model.src_embed(src[b:b + 1, :length]))  # plain nn.GRU
+        torch.testing.assert_close(states[b, :length], out[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(summary[b], torch.cat([last[0, 0], last[1, 0]]),
+                                   atol=1e-5, rtol=1e-5)
+    assert float(states[0, 3:].abs().max()) == 0.0
+
+
+def test_decoder_is_causal_over_the_target():
+    model = _seq2seq()
+    src = torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]])
+    report = future_leaks(lambda tgt: model(src, tgt).logits, torch.randint(1, 9, (2, 6)),
+                          vocab_size=9)
+    assert report.is_causal, report
+
+
+def test_loss_is_cross_entropy_over_scored_targets():
+    model = _seq2seq()
+    src, tgt = torch.tensor([[3, 4, 5]]), torch.tensor([[1, 2, 3, 4]])
+    targets = torch.tensor([[2, 3, 4, -100]])
+    out = model(src, tgt, targets=targets)
+    ref = F.cross_entropy(out.logits[0, :3], targets[0, :3])
+    torch.testing.assert_close(out.loss, ref)
+
+
+def test_generate_is_greedy_decoding_of_the_teacher_forced_model():
+    model = _seq2seq()
+    src = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 0]])
+    ids = model.generate(src, bos_id=1, max_new_tokens=5)  # (B, 5)
+    with torch.no_grad():
+        logits = model(src, torch.cat([torch.ones(2, 1, dtype=torch.long), ids[:, :-1]], 1)).logits
+    torch.testing.assert_close(logits.argmax(-1), ids)
+    stopped = model.generate(src, bos_id=1, max_new_tokens=5, eos_id=int(ids[0, 1]))
+    assert bool((stopped[0, 1:] == ids[0, 1]).all())
+
+
+def test_a_trained_attention_model_learns_to_reverse():
+    # a tiny reversal task: the alignment must become the anti-diagonal
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = RNNEncoderDecoder(8, 8, d_embed=16, hidden_size=32, attention="dot")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        src = torch.randint(2, 8, (32, 5), generator=gen)
+        tgt = torch.cat([torch.ones(32, 1, dtype=torch.long), src.flip(1)[:, :-1]], 1)
+        loss = model(src, tgt, targets=src.flip(1)).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        out = model(src, tgt, targets=src.flip(1))
+    assert float(out.loss) < 0.3
+    looked_at = out.weights.argmax(-1).float().mean(0)  # (T,): most attended source position
+    torch.testing.assert_close(looked_at, torch.tensor([4.0, 3, 2, 1, 0]), atol=0.3, rtol=0)
+
+
+def test_seq2seq_bad_inputs_name_the_argument():
+    model = _seq2seq()
+    src, tgt = torch.tensor([[3, 4, 0]]), torch.tensor([[1, 2]])
+    with pytest.raises(ValueError, match="src must hold integer token ids"):
+        model(src.float(), tgt)
+    with pytest.raises(ValueError, match="padded on the right"):
+        model(torch.tensor([[0, 3, 4]]), tgt)
+    with pytest.raises(ValueError, match="at least one real token"):
+        model(torch.tensor([[0, 0, 0]]), tgt)
+    with pytest.raises(ValueError, match="batch size"):
+        model(src, torch.tensor([[1, 2], [1, 2]]))
+    with pytest.raises(ValueError, match="targets has shape"):
+        model(src, tgt, targets=torch.tensor([[1, 2, 3]]))
+    with pytest.raises(ValueError, match="src_attention_mask has shape"):
+        model(src, tgt, src_attention_mask=torch.ones(1, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="tgt holds ids"):
+        model(src, torch.tensor([[1, 99]]))
+    with pytest.raises(ValueError, match="attention must be one of"):
+        RNNEncoderDecoder(5, 5, attention="multiplicative")
+    with pytest.raises(TypeError, match="hidden_size"):
+        RNNEncoderDecoder(5, 5, hidden_size=8.0)
+
+
+def test_rnn_attention_bad_inputs_name_the_argument():
+    attention = RNNAttention(4, 6)
+    with pytest.raises(ValueError, match="query has size 5"):
+        attention(torch.randn(2, 5), torch.randn(2, 3, 6))
+    with pytest.raises(ValueError, match="keys"):
+        attention(torch.randn(2, 4), torch.randn(3, 6))
+    with pytest.raises(ValueError, match="batch size"):
+        attention(torch.randn(2, 4), torch.randn(3, 3, 6))
+    with pytest.raises(ValueError, match="float64"):
+        attention(torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 3, 6))
+    with pytest.raises(ValueError, match="mask has shape"):
+        attention(torch.randn(2, 4), torch.randn(2, 3, 6), torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask"):
+        attention(torch.randn(2, 4), torch.randn(2, 3, 6), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="score must be one of"):
+        RNNAttention(4, 6, score="cosine")

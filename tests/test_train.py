@@ -110,6 +110,36 @@ def test_history_layout():
     assert history.stopped_by == "max_iters"
 
 
+def test_callback_sees_every_evaluation():
+    model, batches, val, config = _copy_setup(max_iters=45, eval_interval=20)
+    calls = []
+
+    def callback(step, history):
+        # called once the evaluation is recorded, with the model in eval mode
+        calls.append((step, list(history.eval_steps), history.val_losses[-1], model.training))
+
+    history = train(model, batches, config, val_batches=val, progress=False, callback=callback)
+    assert [c[0] for c in calls] == history.eval_steps == [0, 20, 40, 45]
+    assert all(seen[-1] == step for step, seen, _, _ in calls)
+    assert [c[2] for c in calls] == history.val_losses
+    assert not any(c[3] for c in calls) and model.training  # eval during the call, then back
+
+
+def test_callback_does_not_change_training():
+    runs = []
+    for callback in (None, lambda step, history: None):
+        model, batches, val, config = _copy_setup(max_iters=25)
+        runs.append(train(model, batches, config, val_batches=val, progress=False,
+                          callback=callback).train_losses)
+    assert runs[0] == runs[1]
+
+
+def test_bad_callback():
+    model, batches, _, config = _copy_setup(max_iters=2)
+    with pytest.raises(TypeError, match="callback must be a function"):
+        train(model, batches, config, progress=False, callback="plot")
+
+
 def test_same_seed_same_history():
     runs = []
     for _ in range(2):
@@ -367,3 +397,23 @@ def test_the_fused_optimizer_computes_the_default_adamw_update():
     for (name, a), b in zip(fused_model.named_parameters(), plain_model.parameters(),
                             strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_live_plot_draws_the_curves_so_far():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_lib.viz import LivePlot, draw_losses
+
+    live = LivePlot({"bigram": 2.5}, ylim=(1.0, 4.5))
+    live.update([0, 10, 20], {"train": [4.0, 3.0], "validation": [4.1, 3.2]}, best=(10, 3.2))
+    lines = live.ax.get_lines()
+    train_line = next(line for line in lines if line.get_label() == "train")
+    assert list(train_line.get_xdata()) == [0, 10] and list(train_line.get_ydata()) == [4.0, 3.0]
+    assert any(line.get_label() == "best checkpoint" for line in lines)
+    assert live.ax.get_ylim() == (1.0, 4.5)
+    live.update([0], {"train": [4.0]})  # redrawn from scratch
+    assert [line.get_label() for line in live.ax.get_lines() if line.get_label() == "train"]
+    assert len(live.ax.get_lines()) == 2  # the curve and the baseline
+    with pytest.raises(TypeError, match="curves must be a dict"):
+        draw_losses(live.ax, [0], [4.0])
