@@ -1,0 +1,710 @@
+"""Checks for chapter 06, multi-head attention: splitting into heads and merging them again,
+multi-head attention from given weights, the FLOP count of cross-attention, and switching heads
+off."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from course_lib.attention import (
+    MultiHeadAttention,
+    merge_heads,
+    scaled_dot_product_attention,
+    split_heads,
+)
+from course_lib.probes import ablate_heads
+
+from ._core import Case, CheckFailure, Misconception, call_learner, compare_tensors, describe, rand
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6.1: split_heads(x, n_heads)
+
+HEAD_MIXING = (
+    "Your heads mix positions: reshaping (B, T, D) straight to (B, H, T, Dh) gives the right "
+    "shape, but it cuts each sequence's numbers in memory order, so row 1 of head 0 holds more "
+    "of position 0's features instead of position 1's, and so on. First reshape to "
+    "(B, T, H, Dh), which splits only the feature axis, then swap the head and position axes "
+    "with .transpose(1, 2)"
+)
+INTERLEAVED = (
+    "Your head h got every H-th feature (h, h + H, h + 2H, ...). Head h owns the contiguous "
+    "block of features h*Dh .. (h+1)*Dh - 1, the same block its rows of W_q, W_k, W_v produce: "
+    "reshape the feature axis as (H, Dh), not (Dh, H)"
+)
+
+
+def _sizes(x: torch.Tensor, n_heads: int) -> tuple[int, int, int, int]:
+    batch, seq_len, d_model = x.shape
+    return batch, seq_len, n_heads, d_model // n_heads
+
+
+SPLIT_MISTAKES = [
+    Misconception(
+        lambda x, n_heads: x.reshape(_sizes(x, n_heads)[0], n_heads, x.shape[1], -1),
+        HEAD_MIXING,
+    ),
+    Misconception(
+        lambda x, n_heads: x.reshape(*x.shape[:2], n_heads, -1),
+        "Your result is (B, T, H, Dh): the features are split into heads, but the head axis "
+        "must come before the positions, (B, H, T, Dh), so that each head is a batch of "
+        "sequences: add .transpose(1, 2)",
+    ),
+    Misconception(
+        lambda x, n_heads: x.reshape(*x.shape[:2], -1, n_heads).permute(0, 3, 1, 2),
+        INTERLEAVED,
+    ),
+    Misconception(
+        lambda x, n_heads: x.reshape(*x.shape[:2], n_heads, -1).permute(0, 2, 3, 1),
+        "Your result is (B, H, Dh, T): positions and features are swapped within each head. "
+        "Swap only the position and head axes: reshape to (B, T, H, Dh), then .transpose(1, 2)",
+    ),
+    Misconception(
+        lambda x, n_heads: x.transpose(1, 2).reshape(x.shape[0], n_heads, x.shape[1], -1),
+        "You transposed (B, T, D) to (B, D, T) and then reshaped to (B, H, T, Dh): that cuts "
+        "through the features of different positions. Reshape first, (B, T, D) -> "
+        "(B, T, H, Dh), then transpose the head and position axes",
+    ),
+]
+
+
+def _split_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        Case("B=2, T=5, D=12, H=3", (rand(gen, 2, 5, 12), 3)),
+        Case("T = H = 4 (a missing transpose keeps the shape)", (rand(gen, 2, 4, 16), 4)),
+        Case("one head, H=1", (rand(gen, 2, 3, 6), 1)),
+        Case("Dh=1: as many heads as features", (rand(gen, 1, 3, 4), 4)),
+        Case("one position, T=1", (rand(gen, 3, 1, 8), 2)),
+        Case("B=1, T=7, D=24, H=6", (rand(gen, 1, 7, 24), 6)),
+    ]
+
+
+def check_split_heads(split_heads_fn: Callable) -> None:
+    """Check ``split_heads(x, n_heads)``: (B, T, D) -> (B, H, T, Dh), head h holding features
+    h*Dh .. (h+1)*Dh - 1 of every position.
+
+    Args:
+        split_heads_fn: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        expected = split_heads(*case.args)
+        compare_tensors(got, expected, case, what="Your heads", misconceptions=SPLIT_MISTAKES,
+                        atol=0.0, rtol=0.0)
+
+    _run("split_heads", split_heads_fn, _split_cases(seed=61), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6.2: merge_heads(x)
+
+
+def _merged_shape(x: torch.Tensor) -> tuple[int, int, int]:
+    batch, n_heads, seq_len, d_head = x.shape
+    return batch, seq_len, n_heads * d_head
+
+
+MERGE_MISTAKES = [
+    Misconception(
+        lambda x: x.reshape(_merged_shape(x)),
+        "Your merge mixes positions: reshaping (B, H, T, Dh) straight to (B, T, D) reads the "
+        "numbers head by head, so position 0 receives head 0's outputs for positions 0, 1, "
+        "... First bring the positions next to the batch, .transpose(1, 2) -> (B, T, H, Dh), "
+        "then flatten the last two axes",
+    ),
+    Misconception(
+        lambda x: x.permute(0, 2, 3, 1).reshape(_merged_shape(x)),
+        "Your merge interleaves the heads (feature 0 of every head, then feature 1, ...). "
+        "Concatenate them instead: head 0's Dh features, then head 1's, ... -- transpose to "
+        "(B, T, H, Dh) and flatten (H, Dh)",
+    ),
+    Misconception(
+        lambda x: x.sum(dim=1),
+        "You added the heads' outputs. Multi-head attention concatenates them (eq. 24): the "
+        "result has D = H * Dh features, head h in features h*Dh .. (h+1)*Dh - 1",
+    ),
+    Misconception(
+        lambda x: x.mean(dim=1),
+        "You averaged the heads' outputs. Multi-head attention concatenates them (eq. 24): the "
+        "result has D = H * Dh features, head h in features h*Dh .. (h+1)*Dh - 1",
+    ),
+    Misconception(
+        lambda x: torch.cat(list(x.unbind(1)), dim=1),
+        "You stacked the heads along the positions, (B, H*T, Dh). Concatenate along the "
+        "features instead: (B, T, H*Dh)",
+    ),
+    Misconception(
+        lambda x: x.transpose(1, 2),
+        "Your result is (B, T, H, Dh): the axes are in the right order; now flatten the last "
+        "two into one axis of H * Dh features, e.g. .reshape(B, T, H * Dh)",
+    ),
+]
+
+
+def _merge_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        Case("B=2, H=3, T=5, Dh=4", (rand(gen, 2, 3, 5, 4),)),
+        Case("T = H = 4", (rand(gen, 2, 4, 4, 4),)),
+        Case("one head, H=1", (rand(gen, 1, 1, 3, 6),)),
+        Case("Dh=1", (rand(gen, 2, 4, 3, 1),)),
+        Case("one position, T=1", (rand(gen, 3, 2, 1, 4),)),
+    ]
+
+
+def check_merge_heads(merge_heads_fn: Callable) -> None:
+    """Check ``merge_heads(x)``: (B, H, T, Dh) -> (B, T, H*Dh), the heads concatenated along
+    the features, head 0 first.
+
+    Args:
+        merge_heads_fn: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        expected = merge_heads(*case.args)
+        compare_tensors(got, expected, case, what="Your merged heads",
+                        misconceptions=MERGE_MISTAKES, atol=0.0, rtol=0.0)
+
+    _run("merge_heads", merge_heads_fn, _merge_cases(seed=62), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6.3: multi_head_attention(x, W_q, W_k, W_v, W_o, n_heads)
+
+
+def _interleaved_split(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return x.reshape(*x.shape[:2], -1, n_heads).permute(0, 3, 1, 2)  # (B, H, T, Dh)
+
+
+def _interleaved_merge(x: torch.Tensor) -> torch.Tensor:
+    return x.permute(0, 2, 3, 1).reshape(_merged_shape(x))  # (B, T, D)
+
+
+def _mixing_split(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return x.reshape(x.shape[0], n_heads, x.shape[1], -1)  # (B, H, T, Dh), positions mixed
+
+
+def _mixing_merge(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(_merged_shape(x))  # (B, T, D), positions mixed
+
+
+def _mha(x, W_q, W_k, W_v, W_o, n_heads, *, scale="head", split=split_heads, merge=merge_heads,
+         use_w_o=True, transpose=True, softmax_dim=-1):
+    """Multi-head attention with switches that reproduce common mistakes."""
+    t = (lambda w: w.T) if transpose else (lambda w: w)
+    q, k, v = (split(x @ t(w), n_heads) for w in (W_q, W_k, W_v))  # (B, H, T, Dh)
+    d_head = q.shape[-1]
+    divisor = {"head": math.sqrt(d_head), "model": math.sqrt(x.shape[-1]), "none": 1.0}[scale]
+    scores = q @ k.transpose(-2, -1) / divisor  # (B, H, T, T)
+    out = torch.softmax(scores, dim=softmax_dim) @ v  # (B, H, T, Dh)
+    concat = merge(out)  # (B, T, D)
+    return concat @ t(W_o) if use_w_o else concat
+
+
+MHA_MISTAKES = [
+    Misconception(
+        functools.partial(_mha, scale="model"),
+        "You divided the scores by sqrt(d_model). Each head's dot products run over its own "
+        "Dh = d_model / n_heads features, so their typical size is sqrt(Dh): divide by "
+        "sqrt(Dh), the sqrt(d/h) of the lecture notes. With sqrt(d_model) every head's scores "
+        "are sqrt(n_heads) times too small and its attention too uniform",
+    ),
+    Misconception(
+        functools.partial(_mha, scale="none"),
+        "Your scores are not scaled: divide each head's q k^T by sqrt(Dh), "
+        "Dh = d_model / n_heads",
+    ),
+    Misconception(
+        functools.partial(_mha, use_w_o=False),
+        "You returned the concatenated heads without the output projection: finish with W_o, "
+        "out = concat @ W_o.T (eq. 24). W_o is where the heads' outputs are mixed",
+    ),
+    Misconception(
+        functools.partial(_mha, split=_mixing_split, merge=_mixing_merge),
+        HEAD_MIXING + " (and undo it in the same way: .transpose(1, 2), then reshape)",
+    ),
+    Misconception(
+        functools.partial(_mha, merge=_mixing_merge),
+        "Your split into heads is right, but your merge mixes positions: reshaping "
+        "(B, H, T, Dh) straight to (B, T, D) reads the numbers head by head. Transpose back to "
+        "(B, T, H, Dh) first, then flatten the last two axes",
+    ),
+    Misconception(
+        functools.partial(_mha, split=_interleaved_split, merge=_interleaved_merge),
+        INTERLEAVED,
+    ),
+    Misconception(
+        functools.partial(_mha, transpose=False),
+        "The weights are stored like nn.Linear's, shape (out, in), so a projection is "
+        "x @ W.T (q = x @ W_q.T, ..., out = concat @ W_o.T); you multiplied by W itself",
+    ),
+    Misconception(
+        lambda x, W_q, W_k, W_v, W_o, n_heads: _mha(x, W_q, W_k, W_v, W_o, 1),
+        "You computed a single head of width d_model. Split the queries, keys and values into "
+        "n_heads heads of Dh = d_model / n_heads features and attend within each head "
+        "separately",
+    ),
+    Misconception(
+        functools.partial(_mha, softmax_dim=-2),
+        "Your softmax runs over the queries (dim -2): each query's weights must sum to 1 over "
+        "the keys, the last dimension of the scores (B, H, T, S)",
+    ),
+]
+
+
+def _weights(gen: torch.Generator, d_model: int, scale: float = 1.0) -> tuple:
+    return tuple(rand(gen, d_model, d_model, scale=scale / math.sqrt(d_model))
+                 for _ in range(4))  # W_q, W_k, W_v, W_o, each (D, D)
+
+
+def _mha_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    specs = [
+        ("B=2, T=5, D=16, H=4", (2, 5, 16), 4, 2.0),
+        ("one head, H=1", (2, 4, 8), 1, 2.0),
+        ("Dh=1: D=6, H=6", (1, 5, 6), 6, 2.0),
+        ("one position, T=1", (2, 1, 8), 2, 2.0),
+        ("B=1, T=7, D=24, H=3", (1, 7, 24), 3, 2.0),
+        ("T = H = 4, larger weights", (2, 4, 16), 4, 3.0),
+    ]
+    return [Case(name, (rand(gen, *shape), *_weights(gen, shape[-1], scale), n_heads),
+                 hint="x is (B, T, D) and every weight (D, D) in nn.Linear's (out, in) layout")
+            for name, shape, n_heads, scale in specs]
+
+
+def check_multi_head_attention(multi_head_attention: Callable) -> None:
+    """Check ``multi_head_attention(x, W_q, W_k, W_v, W_o, n_heads)`` -> (B, T, D): H heads of
+    scaled dot-product attention (scaled by 1/sqrt(Dh)), concatenated, then W_o; weights in
+    nn.Linear's (out, in) layout, no biases, no mask.
+
+    Args:
+        multi_head_attention: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        x, W_q, W_k, W_v, W_o, n_heads = case.args
+        q, k, v = (split_heads(x @ w.T, n_heads) for w in (W_q, W_k, W_v))  # (B, H, T, Dh)
+        heads, _ = scaled_dot_product_attention(q, k, v)  # (B, H, T, Dh), 1/sqrt(Dh) scaling
+        expected = merge_heads(heads) @ W_o.T  # (B, T, D)
+        compare_tensors(got, expected, case, what="Your output", misconceptions=MHA_MISTAKES)
+
+    _run("multi_head_attention", multi_head_attention, _mha_cases(seed=63), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6.4: cross_attention_flops(batch, seq_len, context_len, d_model, n_heads)
+
+
+@functools.cache
+def measured_flops(batch: int, seq_len: int, context_len: int, d_model: int,
+                   n_heads: int) -> int:
+    """FLOPs of one forward pass of course_lib's MultiHeadAttention as cross-attention (queries
+    from x, (B, T, D); keys and values from a context, (B, S, D)), with the attention weights
+    materialised so every matrix product is visible, counted by torch.utils.flop_counter on
+    the ``meta`` device (shapes only, nothing is computed)."""
+    with torch.device("meta"):
+        layer = MultiHeadAttention(d_model, n_heads)
+        x = torch.empty(batch, seq_len, d_model)  # (B, T, D)
+        context = torch.empty(batch, context_len, d_model)  # (B, S, D)
+    with FlopCounterMode(display=False) as counter:
+        layer(x, context=context, return_weights=True)
+    return counter.get_total_flops()
+
+
+def _self_attention(b: int, t: int, s: int, d: int, h: int) -> int:
+    return measured_flops(b, t, t, d, h)  # the context ignored: keys and values from x
+
+
+def _wrong(b: int, t: int, s: int, d: int, h: int, *, query_side: int = 2, context_side: int = 2,
+           kv_len: int | None = None, score_len: int | None = None, products: int = 2,
+           heads: float = 1.0) -> int:
+    """A cross-attention count with switches for common mistakes: ``query_side`` (D, D)
+    products on the T query positions (W_q, W_o), ``context_side`` on the kv_len positions
+    (W_k, W_v), and ``products`` attention products of T x score_len x Dh per head, ``heads``
+    times too many heads."""
+    kv_len = s if kv_len is None else kv_len
+    score_len = s if score_len is None else score_len
+    projections = 2 * b * d * d * (query_side * t + context_side * kv_len)
+    return int(projections + products * 2 * b * t * score_len * d * heads)
+
+
+CROSS_FLOP_MISTAKES = [
+    Misconception(
+        lambda b, t, s, d, h: measured_flops(b, t, s, d, h) // 2,
+        "Your count is exactly half: you counted multiply-adds (MACs). A multiply-add is two "
+        "floating-point operations, and FlopCounterMode counts 2 * m * k * n for an (m, k) @ "
+        "(k, n) product",
+    ),
+    Misconception(
+        _self_attention,
+        "Your count is that of self-attention on x: context_len never mattered. In "
+        "cross-attention the keys and the values come from the context, S positions, and each "
+        "of the T queries is compared with each of the S keys",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: _wrong(b, t, s, d, h, kv_len=t),
+        "You projected keys and values from the T positions of x. W_k and W_v act on the "
+        "context: S positions, not T",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: _wrong(b, t, s, d, h, score_len=t),
+        "Your attention products compare the T queries with T keys. There are S keys (and S "
+        "values), one per context position: the scores of one head form a (T, S) matrix",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: _wrong(b, t, s, d, h, query_side=1),
+        "You left out one product on the query side: besides W_q, the output projection W_o "
+        "also acts on the T positions, after the heads are concatenated",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: _wrong(b, t, s, d, h, products=0),
+        "You counted only the four projections. The attention itself is two more products "
+        "per head: the scores q k^T and the weighted sum weights @ v",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: _wrong(b, t, s, d, h, products=1),
+        "You counted one attention product per head; there are two of the same size: the "
+        "scores q k^T and the weighted sum weights @ v",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: _wrong(b, t, s, d, h, heads=h),
+        "Your attention products grow with the number of heads: each head works in "
+        "Dh = D / H dimensions, not D, so more heads means more but thinner products, and "
+        "the total does not change",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: _wrong(b, t, s, d, h, heads=1 / h),
+        "You counted the attention products of one head only: there are n_heads heads",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: h * _wrong(b, t, s, d, h, products=0) + _wrong(
+            b, t, s, d, h, query_side=0, context_side=0),
+        "Your projections grow with the number of heads: each head projects to Dh = D / H "
+        "features, so all heads together make one (D, D) product for each of W_q, W_k, W_v",
+    ),
+    Misconception(
+        lambda b, t, s, d, h: measured_flops(1, t, s, d, h),
+        "Your count ignores the batch: every one of the B examples goes through the same "
+        "products",
+    ),
+]
+
+_PARTS = (
+    "the products on the T positions of x alone (the query projection, and the output "
+    "projection once the heads are merged)",
+    "the products on the S positions of the context alone (the key and the value "
+    "projections)",
+    "the attention products, which pair each of the T queries with each of the S keys "
+    "(in every head)",
+    "a part that depends on neither T nor S",
+)
+
+
+def _as_number(got: Any) -> float | None:
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        return float(got)
+    if isinstance(got, numbers.Real) and not isinstance(got, bool):
+        return float(got)
+    return None
+
+
+def _number(fn: Callable, case: Case) -> float:
+    """The learner's count for a case, or a CheckFailure when it is not a number."""
+    got = call_learner(fn, case)
+    value = _as_number(got)
+    if value is None:
+        raise CheckFailure(f"cross_attention_flops should return a number (an int), but "
+                           f"returned {describe(got)} (case '{case.name}')")
+    return value
+
+
+def _parts(count: Callable[..., float], b: int, t: int, s: int, d: int, h: int) -> list[float]:
+    """Split count(b, t, s, d, h) into the parts that grow with T alone, with S alone, with T
+    and S together, and with neither, from its values at T or 2T and S or 2S (exact for any
+    count of the form a + p*T + q*S + r*T*S)."""
+    f11, f21, f12, f22 = (count(b, tt, ss, d, h)
+                          for tt, ss in ((t, s), (2 * t, s), (t, 2 * s), (2 * t, 2 * s)))
+    both = f22 - f21 - f12 + f11
+    query_side, context_side = f21 - f11 - both, f12 - f11 - both
+    return [query_side, context_side, both, f11 - query_side - context_side - both]
+
+
+def _small_multiple(extra: float, unit: int, most: int) -> bool:
+    k = extra / unit
+    return 1 <= k <= most and math.isclose(k, round(k), abs_tol=1e-6)
+
+
+def _part_message(i: int, yours: float, theirs: float, args: tuple) -> str:
+    b, t, s, d, h = args
+    extra = yours - theirs
+    if i == 0 and _small_multiple(extra, b * t * d, 4) or i == 1 and _small_multiple(
+            extra, b * s * d, 4):
+        return (f"{_PARTS[i]}: you added the bias additions ({extra:,.0f} FLOPs). "
+                "FlopCounterMode counts only matrix products, and a bias addition is not one: "
+                "leave the biases out")
+    if i == 2 and (_small_multiple(extra, b * h * t * s, 10)
+                   or _small_multiple(extra, b * t * s, 10)):
+        return (f"{_PARTS[i]}: you added work done on each score ({extra:,.0f} FLOPs: the "
+                "scaling by 1/sqrt(Dh), the softmax or the masking). FlopCounterMode counts "
+                "only matrix products: leave the elementwise work out")
+    return f"{_PARTS[i]}: you count {yours:,.0f} FLOPs, FlopCounterMode {theirs:,.0f}"
+
+
+def _diagnose(fn: Callable, case: Case, value: float, expected: int) -> str:
+    """Say which parts of the learner's count differ from FlopCounterMode's."""
+    def yours(*args):
+        return _number(fn, Case(f"{case.name}, with T or S changed", args))
+
+    b, t, s, d, h = case.args
+    bent = [name for name, curvature in (
+        ("T", yours(b, 3 * t, s, d, h) - 2 * yours(b, 2 * t, s, d, h) + yours(b, t, s, d, h)),
+        ("S", yours(b, t, 3 * s, d, h) - 2 * yours(b, t, 2 * s, d, h) + yours(b, t, s, d, h)),
+    ) if abs(curvature) > 0.5]
+    lines = [f"with the other sizes fixed, your count grows faster than in proportion to "
+             f"{name}, as if a product ran over {name} x {name} pairs: each of the products "
+             f"runs over the T positions, over the S positions, or over the (T, S) pairs"
+             for name in bent]
+    mine, reference = _parts(yours, *case.args), _parts(measured_flops, *case.args)
+    pairs = enumerate(zip(mine, reference, strict=True))
+    lines += [_part_message(i, y, r, case.args) for i, (y, r) in pairs
+              if not math.isclose(y, r, rel_tol=1e-9, abs_tol=0.5) and not (bent and i == 3)]
+    return (f"Your count is {value:,.0f} FLOPs, FlopCounterMode's {expected:,} for the case "
+            f"'{case.name}' (batch, seq_len, context_len, d_model, n_heads = {case.args}). "
+            "Changing T and S one at a time shows where the difference is:\n  - "
+            + "\n  - ".join(lines or ["(no single part: compare the whole count)"]))
+
+
+def check_cross_attention_flops(cross_attention_flops: Callable) -> None:
+    """Check ``cross_attention_flops(batch, seq_len, context_len, d_model, n_heads)``: the
+    FLOPs of the matrix products of one multi-head cross-attention forward pass (queries from
+    T positions, keys and values from S context positions; 2 FLOPs per multiply-add; biases,
+    scaling and softmax not counted), against torch.utils.flop_counter's count for
+    course_lib's layer.
+
+    Args:
+        cross_attention_flops: the learner's function.
+    """
+    cases = [
+        Case("B=3, T=10, S=30, D=64, H=4", (3, 10, 30, 64, 4)),
+        Case("one query, T=1 (one decoding step), S=50", (3, 1, 50, 32, 2)),
+        Case("one context position, S=1", (2, 12, 1, 48, 3)),
+        Case("one head, H=1", (3, 20, 7, 16, 1)),
+        Case("Dh=1: D=24, H=24", (1, 5, 9, 24, 24)),
+        Case("S = T = 16", (2, 16, 16, 32, 4)),
+        Case("a translation layer: B=8, T=40, S=60, D=512, H=8", (8, 40, 60, 512, 8)),
+    ]
+
+    def check_one(got, case: Case) -> None:
+        expected = measured_flops(*case.args)
+        value = _as_number(got)
+        if value is None:
+            raise CheckFailure(f"cross_attention_flops should return a number (an int), but "
+                               f"returned {describe(got)} (case '{case.name}')")
+        if math.isclose(value, expected, rel_tol=1e-9):
+            return
+        for m in CROSS_FLOP_MISTAKES:
+            wrong = m.wrong(*case.args)
+            if math.isclose(value, wrong, rel_tol=1e-9) and wrong != expected:
+                raise CheckFailure(f"{m.message} (seen on the case '{case.name}')")
+        raise CheckFailure(_diagnose(cross_attention_flops, case, value, expected))
+
+    _run("cross_attention_flops", cross_attention_flops, cases, check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6.5: ablated_output(attention, x, heads)
+
+
+@functools.cache
+def _layer(d_model: int, n_heads: int, seed: int) -> MultiHeadAttention:
+    """A MultiHeadAttention with random weights and biases, built without touching the
+    learner's random stream."""
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        layer = MultiHeadAttention(d_model, n_heads).eval().requires_grad_(False)
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.add_(0.2 * torch.randn_like(p))  # non-zero biases, clearly different heads
+    finally:
+        torch.random.set_rng_state(state)
+    return layer
+
+
+def _concat(attention: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """The input of W_o: the heads' outputs side by side, (B, T, D)."""
+    seen = []
+    handle = attention.out_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            attention(x)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def _slices(attention: MultiHeadAttention, heads: Sequence[int], interleaved: bool = False):
+    keep = torch.ones(attention.d_model, dtype=torch.bool)
+    for h in heads:
+        if interleaved:
+            keep[h::attention.n_heads] = False
+        else:
+            keep[h * attention.d_head:(h + 1) * attention.d_head] = False
+    return keep  # (D,) True for the features kept
+
+
+def _after_w_o(attention, x, heads):
+    with torch.no_grad():
+        return attention(x)[0] * _slices(attention, heads)
+
+
+def _with_rows_zeroed(attention, x, heads, part: int, bias: bool):
+    """Zero head h's rows of W_q (part 0) or W_v (part 2), and optionally of the bias."""
+    layer = copy.deepcopy(attention)
+    d, dh = layer.d_model, layer.d_head
+    with torch.no_grad():
+        for h in heads:
+            rows = slice(part * d + h * dh, part * d + (h + 1) * dh)
+            layer.qkv_proj.weight[rows] = 0.0
+            if bias:
+                layer.qkv_proj.bias[rows] = 0.0
+        return layer(x)[0]
+
+
+def _from_concat(attention, x, heads, *, interleaved=False, complement=False, bias=True,
+                 rescale=False):
+    keep = _slices(attention, heads, interleaved)
+    if complement:
+        keep = ~keep
+    concat = _concat(attention, x) * keep  # (B, T, D)
+    if rescale and keep.any():
+        concat = concat * (attention.d_model / int(keep.sum()))
+    out = concat @ attention.out_proj.weight.T
+    return out + attention.out_proj.bias if bias else out
+
+
+ABLATION_MISTAKES = [
+    Misconception(
+        _after_w_o,
+        "You zeroed the head's slice of the layer's output, after W_o. W_o mixes every head "
+        "into every output feature, so that removes parts of all heads and leaves the chosen "
+        "one in the other features. Zero the head's slice of the concatenated heads, the "
+        "input of out_proj, before W_o",
+    ),
+    Misconception(
+        lambda attention, x, heads: _with_rows_zeroed(attention, x, heads, 0, bias=True),
+        "Zeroing a head's queries does not switch it off: all its scores become 0, so it "
+        "attends uniformly and outputs the average of its values. Zero the head's output "
+        "instead (its slice of the concatenated heads, before W_o)",
+    ),
+    Misconception(
+        lambda attention, x, heads: _with_rows_zeroed(attention, x, heads, 2, bias=False),
+        "You zeroed the head's rows of W_v but not of the value bias: every value of that "
+        "head is then the bias, and so is its output. Zero the head's output (its slice of "
+        "the concatenated heads), or the bias rows too",
+    ),
+    Misconception(
+        functools.partial(_from_concat, bias=False),
+        "You dropped W_o's bias. The bias of out_proj belongs to no head: keep it, "
+        "out = concat @ W_o.T + b_o",
+    ),
+    Misconception(
+        functools.partial(_from_concat, complement=True),
+        "You kept only the heads listed in `heads` and switched off all the others: it is the "
+        "other way round, the listed heads are the ones to zero",
+    ),
+    Misconception(
+        functools.partial(_from_concat, interleaved=True),
+        "You zeroed every H-th feature (h, h + H, ...). Head h's output is the contiguous "
+        "slice h*Dh .. (h+1)*Dh - 1 of the concatenated heads, Dh = d_model / n_heads",
+    ),
+    Misconception(
+        functools.partial(_from_concat, rescale=True),
+        "You scaled the remaining heads up (as dropout does). An ablation only removes the "
+        "chosen heads' terms; leave the other heads as they are",
+    ),
+]
+
+
+def _ablation_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        Case("H=4, switch off head 1", (_layer(16, 4, 1), rand(gen, 2, 5, 16), [1])),
+        Case("H=4, heads 0 and 2", (_layer(16, 4, 1), rand(gen, 2, 5, 16), [0, 2])),
+        Case("no head switched off, heads = []", (_layer(16, 4, 2), rand(gen, 1, 4, 16), [])),
+        Case("every head switched off", (_layer(16, 4, 2), rand(gen, 2, 3, 16), [0, 1, 2, 3])),
+        Case("one head, H=1", (_layer(8, 1, 3), rand(gen, 2, 4, 8), [0])),
+        Case("H=8 (Dh=2), the last head, T=1", (_layer(16, 8, 4), rand(gen, 3, 1, 16), [7])),
+    ]
+
+
+def _check_layer_left_alone(ablated_output: Callable) -> None:
+    """Call the learner's function once more and make sure the layer is as it was."""
+    layer = copy.deepcopy(_layer(16, 4, 5))
+    before = {name: t.clone() for name, t in layer.state_dict().items()}
+    x = torch.randn(1, 3, 16, generator=torch.Generator().manual_seed(65))
+    try:
+        ablated_output(layer, x, [2])
+    except Exception as exc:
+        raise CheckFailure(
+            f"ablated_output raised {type(exc).__name__} when called on a fresh layer: {exc}"
+        ) from exc
+    hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in layer.modules())
+    if hooks:
+        raise CheckFailure(
+            "Your function left a hook registered on the layer, so the head stays switched "
+            "off for every later call. Keep the handle that register_forward_pre_hook returns "
+            "and call handle.remove() when you are done (in a finally: block)"
+        )
+    changed = [name for name, t in layer.state_dict().items() if not torch.equal(t, before[name])]
+    if changed:
+        raise CheckFailure(
+            f"Your function changed the layer's parameters ({', '.join(changed)}) in place, so "
+            "the head stays switched off afterwards. Compute the output without modifying the "
+            "layer (or work on a copy.deepcopy of it)"
+        )
+
+
+def check_ablated_output(ablated_output: Callable) -> None:
+    """Check ``ablated_output(attention, x, heads)`` -> (B, T, D): the output of a course_lib
+    MultiHeadAttention on x with the listed heads switched off (their outputs zeroed before
+    W_o), leaving the layer unchanged.
+
+    Args:
+        ablated_output: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        attention, x, heads = case.args
+        with torch.no_grad(), ablate_heads(attention, heads):
+            expected = attention(x)[0]
+        if isinstance(got, torch.Tensor):
+            got = got.detach()
+        compare_tensors(got, expected, case, what="Your output",
+                        misconceptions=ABLATION_MISTAKES)
+
+    _run("ablated_output", ablated_output, _ablation_cases(seed=64), check_one,
+         after=lambda: _check_layer_left_alone(ablated_output))
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _run(name: str, fn: Callable, cases: Sequence[Case], check_one: Callable,
+         after: Callable[[], None] | None = None) -> None:
+    """Run the cases (as _core.run_cases does), then an optional final check, then print the
+    pass line."""
+    for case in cases:
+        check_one(call_learner(fn, case), case)
+    if after is not None:
+        after()
+    labels = "; ".join(c.name for c in cases)
+    print(f"\u2705 {name} is correct on all {len(cases)} test cases ({labels})")
