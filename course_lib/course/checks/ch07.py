@@ -1,0 +1,826 @@
+"""Checks for chapter 07, norms, residuals, scaling and dropout: LayerNorm and RMSNorm from
+their equations, a whole stack of residual sublayers in either order (pre-norm with its final
+norm, or post-norm), the per-layer gradient norms of a stack, and inverted dropout with its
+train/eval switch."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from course_lib.blocks import EncoderBlock
+from course_lib.layers import layer_norm, rms_norm
+from course_lib.probes import layer_grad_norms as reference_layer_grad_norms
+
+from ._core import (
+    Case,
+    CheckFailure,
+    Misconception,
+    call_learner,
+    compare_tensors,
+    describe,
+    rand,
+    run_cases,
+)
+
+# --------------------------------------------------------------------------------------------
+# Shared helpers
+
+
+def _quietly(mistakes: list[Misconception]) -> list[Misconception]:
+    """The same mistakes, computed without warnings (an unbiased variance of one value warns,
+    and a check's output must not depend on where the library is installed)."""
+
+    def silenced(wrong: Callable) -> Callable:
+        @functools.wraps(wrong)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return wrong(*args, **kwargs)
+        return run
+
+    return [Misconception(silenced(m.wrong), m.message) for m in mistakes]
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.1: layer_norm(x, weight, bias, eps)
+
+
+def _centred(x: torch.Tensor, dim: int | tuple[int, ...] = -1) -> torch.Tensor:
+    return x - x.mean(dim, keepdim=True)
+
+
+def _affine(x_hat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return x_hat * weight + bias
+
+
+LAYER_NORM_MISTAKES = _quietly([
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(
+            _centred(x) / torch.sqrt(x.var(-1, keepdim=True) + eps), w, b),
+        "Your variance divides by d - 1: torch.var and torch.std do that by default "
+        "(correction=1, the 'unbiased' estimate). Eq. 27 and nn.LayerNorm divide by d: use "
+        "x.var(-1, keepdim=True, correction=0), or ((x - mean) ** 2).mean(-1, keepdim=True)",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(
+            _centred(x) / (x.std(-1, keepdim=True, correction=0) + eps), w, b),
+        "You added eps to the standard deviation, (x - mean) / (sigma + eps). Some slides write "
+        "it that way, but nn.LayerNorm (and every checkpoint you will load) puts eps inside "
+        "the square root: (x - mean) / torch.sqrt(var + eps). The two differ when a vector is "
+        "nearly constant, as in this case",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(
+            _centred(x) / x.std(-1, keepdim=True, correction=0), w, b),
+        "You left out eps: (x - mean) / sqrt(var + eps) needs the eps inside the square root, "
+        "otherwise a (nearly) constant vector is divided by (almost) zero",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(
+            _centred(x, 0) / torch.sqrt(x.var(0, keepdim=True, correction=0) + eps), w, b),
+        "You normalised over the wrong dimension: your statistics are computed for each feature "
+        "over the positions (dim 0), which is what batch norm does. LayerNorm computes one mean "
+        "and one variance per position, over its d features: the last dimension, "
+        "x.mean(-1, keepdim=True)",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(
+            (x - x.mean()) / torch.sqrt(x.var(correction=0) + eps), w, b),
+        "You normalised the whole tensor with one mean and one variance. LayerNorm computes "
+        "them per position, over the last dimension only: x.mean(-1, keepdim=True)",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(
+            (x - x.mean(-1)) / torch.sqrt(x.var(-1, correction=0) + eps), w, b),
+        "Your mean and variance lost their last dimension: x.mean(-1) has shape (..., T), which "
+        "then broadcasts against the features instead of the positions. Keep the dimension: "
+        "x.mean(-1, keepdim=True)",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: layer_norm(x, eps=eps),
+        "Your output is the normalised x without the gain and the bias: multiply by weight "
+        "(gamma) and add bias (beta) at the end",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(layer_norm(x, eps=eps), b, w),
+        "You swapped the gain and the bias: weight (gamma) multiplies the normalised x and "
+        "bias (beta) is added: x_hat * weight + bias",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: (layer_norm(x, eps=eps) + b) * w,
+        "You added the bias before multiplying by the gain: it is x_hat * weight + bias",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(
+            _centred(x) / (x.var(-1, keepdim=True, correction=0) + eps), w, b),
+        "You divided by the variance instead of the standard deviation: take the square root, "
+        "(x - mean) / torch.sqrt(var + eps)",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(
+            x / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps), w, b),
+        "You divided by the standard deviation but did not subtract the mean first: "
+        "x_hat = (x - mean) / sqrt(var + eps)",
+    ),
+    Misconception(
+        lambda x, w, b, eps=1e-5: _affine(rms_norm(x, eps=eps), w, b),
+        "You computed RMSNorm (x / sqrt(mean(x^2) + eps)): LayerNorm subtracts the mean first "
+        "and divides by the standard deviation, (x - mean) / sqrt(var + eps)",
+    ),
+])
+
+
+def _layer_norm_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def params(d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return 1 + 0.5 * rand(gen, d), 0.5 * rand(gen, d)
+
+    flat = 0.05 + 1e-3 * rand(gen, 4, 16)  # nearly constant rows (var 1e-6 < eps): eps matters
+    keepdim = ("if the error is about sizes that do not match, compute the statistics with "
+               "keepdim=True (x.mean(-1, keepdim=True)) so that they broadcast against x")
+    return [
+        Case("T=4 positions, D=8, offset and scaled", (rand(gen, 4, 8, scale=3.0) + 2.0,
+                                                       *params(8)), hint=keepdim),
+        Case("batched (2, 3, 16)", (rand(gen, 2, 3, 16), *params(16)), hint=keepdim),
+        Case("T = D = 8 (a square input)", (rand(gen, 8, 8, scale=2.0) - 1.0, *params(8))),
+        Case("D=2", (rand(gen, 5, 2), *params(2))),
+        Case("one position, T=1", (rand(gen, 1, 1, 12) * 5, *params(12))),
+        Case("nearly constant rows (std ~1e-3)", (flat, *params(16))),
+        Case("eps=1e-3 given", (rand(gen, 3, 6, scale=0.05), *params(6)), {"eps": 1e-3}),
+        Case("gain 1, bias 0", (rand(gen, 4, 10) + 4.0, torch.ones(10), torch.zeros(10))),
+    ]
+
+
+def check_layer_norm(layer_norm_fn: Callable) -> None:
+    """Check ``layer_norm(x, weight, bias, eps=1e-5)`` -> (..., D): eqs. 27-28 over the last
+    dimension with the biased variance, eps inside the square root, then gain and bias.
+
+    Args:
+        layer_norm_fn: the learner's function.
+    """
+
+    def check_one(got: Any, case: Case) -> None:
+        x, weight, bias = case.args
+        expected = layer_norm(x, weight, bias, eps=case.kwargs.get("eps", 1e-5))
+        compare_tensors(got, expected, case, what="Your LayerNorm output",
+                        misconceptions=LAYER_NORM_MISTAKES)
+
+    run_cases("layer_norm", layer_norm_fn, _layer_norm_cases(seed=71), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.2: rms_norm(x, weight, eps)
+
+
+RMS_NORM_MISTAKES = _quietly([
+    Misconception(
+        lambda x, w, eps=1e-6: layer_norm(x, eps=eps) * w,
+        "You subtracted the mean: that is LayerNorm. RMSNorm divides x itself by its root mean "
+        "square, x / sqrt(mean(x^2) + eps), without centring it",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w,
+        "You added eps to the root mean square, x / (rms + eps). As in nn.RMSNorm, eps goes "
+        "inside the square root: x / torch.sqrt(mean(x^2) + eps). The two differ when x is tiny, "
+        "as in this case",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: x / torch.linalg.vector_norm(x, dim=-1, keepdim=True) * w,
+        "You divided by the L2 norm ||x||, the square root of the SUM of the squares. The root "
+        "mean square is ||x|| / sqrt(d): take the MEAN of the squares, "
+        "x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps)",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: x / x.pow(2).mean(-1, keepdim=True).sqrt() * w,
+        "You left out eps: it goes inside the square root, x / torch.sqrt(mean(x^2) + eps), so "
+        "that a tiny (or zero) vector is not divided by (almost) zero",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: x / (x.pow(2).mean(-1, keepdim=True) + eps) * w,
+        "You divided by the mean square, not its square root: x / sqrt(mean(x^2) + eps)",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: x / torch.sqrt(x.var(-1, keepdim=True) + eps) * w,
+        "You divided by the variance's square root (the standard deviation, which subtracts the "
+        "mean inside). RMSNorm uses the plain mean of the squares: (x ** 2).mean(-1, "
+        "keepdim=True)",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: x / torch.sqrt(x.pow(2).mean(0, keepdim=True) + eps) * w,
+        "You took the mean over the wrong dimension (dim 0, the positions): each position is "
+        "normalised by the root mean square of its own d features, the last dimension",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: x / torch.sqrt(x.pow(2).mean(-1) + eps) * w,
+        "Your mean square lost its last dimension and broadcasts against the features: use "
+        "keepdim=True",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: rms_norm(x, eps=eps),
+        "Your output is not multiplied by the gain: multiply the normalised x by weight",
+    ),
+    Misconception(
+        lambda x, w, eps=1e-6: rms_norm(x, eps=eps) + w,
+        "You added weight instead of multiplying by it: RMSNorm has a gain (a scale) and no "
+        "bias, x_hat * weight",
+    ),
+])
+
+
+def _rms_norm_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def gain(d: int) -> torch.Tensor:
+        return 1 + 0.5 * rand(gen, d)
+
+    keepdim = ("if the error is about sizes that do not match, take the mean with keepdim=True "
+               "so that it broadcasts against x")
+    return [
+        Case("T=4, D=8, non-zero mean", (rand(gen, 4, 8) + 2.0, gain(8)), hint=keepdim),
+        Case("batched (2, 3, 16)", (rand(gen, 2, 3, 16, scale=4.0), gain(16)), hint=keepdim),
+        Case("T = D = 6 (a square input)", (rand(gen, 6, 6) - 0.5, gain(6))),
+        Case("tiny values (rms ~1e-4)", (rand(gen, 3, 12, scale=1e-4), gain(12))),
+        Case("D=1", (rand(gen, 4, 1), gain(1))),
+        Case("a zero vector", (torch.zeros(2, 5), gain(5))),
+        Case("eps=1e-2 given", (rand(gen, 3, 8, scale=0.1), gain(8)), {"eps": 1e-2}),
+    ]
+
+
+def check_rms_norm(rms_norm_fn: Callable) -> None:
+    """Check ``rms_norm(x, weight, eps=1e-6)`` -> (..., D): x / sqrt(mean(x^2) + eps) * weight
+    over the last dimension, as ``torch.nn.RMSNorm``.
+
+    Args:
+        rms_norm_fn: the learner's function.
+    """
+
+    def check_one(got: Any, case: Case) -> None:
+        x, weight = case.args
+        expected = rms_norm(x, weight, eps=case.kwargs.get("eps", 1e-6))
+        compare_tensors(got, expected, case, what="Your RMSNorm output",
+                        misconceptions=RMS_NORM_MISTAKES)
+
+    run_cases("rms_norm", rms_norm_fn, _rms_norm_cases(seed=72), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.3: residual_stack(x, sublayers, norms, norm_first, final_norm=None)
+
+
+class SelfAttentionOnly(nn.Module):
+    """A MultiHeadAttention that returns only its output (the sublayer f of eqs. 30-31)."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x)[0]  # (B, T, D)
+
+
+def _pre_step(x, f, norm):
+    return x + f(norm(x))  # eq. 30
+
+
+def _post_step(x, f, norm):
+    return norm(x + f(x))  # eq. 31
+
+
+def _final(x, final_norm):
+    return x if final_norm is None else final_norm(x)
+
+
+def _run(step, x, subs, norms):
+    for f, norm in zip(subs, norms, strict=True):
+        x = step(x, f, norm)
+    return x
+
+
+def _wrong_each_step(pre_step, post_step=None):
+    """A stack whose steps are wrong in the same way in both orders (final norm kept); None
+    for an order the mistake does not apply to."""
+    def wrong(x, subs, norms, norm_first, final_norm=None):
+        if norm_first:
+            return _final(_run(pre_step, x, subs, norms), final_norm)
+        return None if post_step is None else _run(post_step, x, subs, norms)
+    return wrong
+
+
+def _right(x, subs, norms, norm_first, final_norm=None):
+    if norm_first:
+        return _final(_run(_pre_step, x, subs, norms), final_norm)
+    return _run(_post_step, x, subs, norms)
+
+
+def _parallel(x, subs, norms, norm_first, final_norm=None):
+    if norm_first:
+        return _final(x + sum(f(norm(x)) for f, norm in zip(subs, norms, strict=True)),
+                      final_norm)
+    return norms[-1](x + subs[-1](x))  # every step recomputed from x: only the last one counts
+
+
+def _first_only(x, subs, norms, norm_first, final_norm=None):
+    return _right(x, subs[:1], norms[:1], norm_first, final_norm)
+
+
+STACK_MISTAKES = [
+    Misconception(
+        lambda x, s, n, nf, fn=None: _final(_run(_post_step, x, s, n), fn) if nf else None,
+        "With norm_first=True (pre-norm, eq. 30) your steps normalise AFTER the residual add, "
+        "LN(x + f(x)): that is post-norm. In pre-norm each norm is applied to its sublayer's "
+        "input only, x = x + f(LN(x)), and the stream x itself is never normalised",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: None if nf else _run(_pre_step, x, s, n),
+        "With norm_first=False (post-norm, eq. 31) your steps normalise the sublayer's input, "
+        "x + f(LN(x)): that is pre-norm. In post-norm the norm comes after the residual add: "
+        "x = LN(x + f(x))",
+    ),
+    Misconception(
+        _wrong_each_step(lambda x, f, norm: f(norm(x)), lambda x, f, norm: norm(f(x))),
+        "Your stack has no residual connections: each step must add the stream it started "
+        "from back (eq. 29), x + f(...)",
+    ),
+    Misconception(
+        _wrong_each_step(lambda x, f, norm: x + norm(f(x)), lambda x, f, norm: x + norm(f(x))),
+        "You normalised each sublayer's OUTPUT before adding it, x + LN(f(x)). Pre-norm "
+        "normalises the input, x + f(LN(x)); post-norm normalises the sum, LN(x + f(x))",
+    ),
+    Misconception(
+        _wrong_each_step(lambda x, f, norm: norm(x) + f(norm(x))),
+        "Your residual adds the normalised stream, LN(x) + f(LN(x)). The residual connection "
+        "must carry the stream x itself, unchanged: x + f(LN(x))",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: None if nf else _run(
+            lambda h, f, norm: norm(h + f(norm(h))), x, s, n),
+        "Your post-norm sublayers read a normalised input AND the sum is normalised again: in "
+        "post-norm each sublayer reads the stream directly, x = LN(x + f(x))",
+    ),
+    Misconception(
+        _parallel,
+        "Your sublayers all read the stack's input x. They run one after the other: each reads "
+        "the stream as the previous step left it, so update x inside the loop",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: _right(x, s, n[::-1], nf, fn),
+        "Your norms are paired with the wrong sublayers (in reverse order): norms[i] belongs "
+        "to sublayers[i]",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: _right(x, s[::-1], n[::-1], nf, fn),
+        "Your sublayers run in reverse order: sublayers[0] reads x first",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: _right(x, s, [n[0]] * len(n), nf, fn),
+        "You used norms[0] for every sublayer: each sublayer has its own norm, norms[i]",
+    ),
+    Misconception(
+        _first_only,
+        "Only your first sublayer ran: does your function return inside the loop?",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: _run(_pre_step, x, s, n) if nf and fn is not None
+        else None,
+        "Your output leaves out final_norm: a pre-norm stream is never normalised inside the "
+        "stack, so the model applies one more LayerNorm after the last sublayer. When "
+        "final_norm is given, apply it once at the end",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: _run(_pre_step, fn(x), s, n) if nf and fn is not None
+        else None,
+        "You applied final_norm to the stack's INPUT: it belongs at the end, after the last "
+        "sublayer",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: _run(lambda h, f, norm: fn(_pre_step(h, f, norm)), x, s, n)
+        if nf and fn is not None else None,
+        "You applied final_norm after every sublayer: that normalises the stream inside the "
+        "stack. It is applied once, after the last sublayer",
+    ),
+    Misconception(
+        lambda x, s, n, nf, fn=None: n[-1](_run(_pre_step, x, s, n)) if nf else None,
+        "You normalised the output with the last sublayer's norm, norms[-1]. The stack's output "
+        "goes through final_norm when it is given, and through nothing when it is None",
+    ),
+]
+
+
+def _zero_ff(block: EncoderBlock) -> None:
+    """Make a pre-norm block's feed-forward sublayer add exactly 0 (x + 0 = x): the block then
+    computes its attention step alone, a reference for stacks that end after an attention."""
+    with torch.no_grad():
+        block.ff.fc2.weight.zero_()
+        block.ff.fc2.bias.zero_()
+
+
+def _stack_case(name: str, x: torch.Tensor, n_blocks: int, n_sublayers: int, n_heads: int,
+                norm_first: bool, final: bool, seed: int) -> tuple[Case, torch.Tensor]:
+    """A case (the learner's arguments) and its expected output, from course_lib's
+    EncoderBlocks (the reference) and, for pre-norm stacks, a final nn.LayerNorm."""
+    d = x.shape[-1]
+    with torch.random.fork_rng(devices=[]):  # leave the learner's random stream alone
+        torch.manual_seed(seed)
+        blocks = [EncoderBlock(d, n_heads, norm_first=norm_first).eval()
+                  for _ in range(n_blocks)]
+        final_norm = nn.LayerNorm(d) if final else None
+        with torch.no_grad():  # random gains and biases, so that a wrong norm shows
+            for norm in [m for b in blocks for m in (b.attn_norm, b.ff_norm)] + [final_norm]:
+                if norm is not None:
+                    norm.weight.copy_(1 + 0.5 * torch.randn(d))
+                    norm.bias.copy_(0.5 * torch.randn(d))
+    if n_sublayers < 2 * n_blocks:  # the stack ends after the last block's attention
+        _zero_ff(blocks[-1])
+    subs, norms = [], []
+    for b in blocks:
+        subs += [SelfAttentionOnly(b.self_attn), b.ff]
+        norms += [b.attn_norm, b.ff_norm]
+    for module in [*blocks, final_norm]:
+        if module is not None:
+            module.requires_grad_(False)
+    with torch.no_grad():
+        expected = x
+        for b in blocks:
+            expected = b(expected)[0]  # (B, T, D)
+        expected = _final(expected, final_norm)
+    args = (x, subs[:n_sublayers], norms[:n_sublayers], norm_first, final_norm)
+    hint = "final_norm may be None: then the stream is returned as it is" if not final else ""
+    return Case(name, args, hint=hint), expected
+
+
+def _residual_stack_cases(seed: int) -> list[tuple[Case, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    specs = [  # name, (B, T, D), blocks, sublayers, heads, norm_first, final norm, scale
+        ("pre-norm, 2 blocks (4 sublayers), final norm, (2, 5, 16)", (2, 5, 16), 2, 4, 2,
+         True, True, 1.0),
+        ("post-norm, 2 blocks (4 sublayers), final_norm=None, (2, 5, 16)", (2, 5, 16), 2, 4, 2,
+         False, False, 1.0),
+        ("pre-norm, 3 sublayers (attention, FFN, attention), final norm", (1, 6, 8), 2, 3, 1,
+         True, True, 1.0),
+        ("pre-norm, 3 blocks, final_norm=None, input of size 3 with offset 1", (1, 6, 8), 3,
+         6, 2, True, False, 3.0),
+        ("post-norm, 3 blocks, input of size 3 with offset 1", (1, 6, 8), 3, 6, 2, False,
+         False, 3.0),
+        ("pre-norm, one sublayer, final norm, T=1", (3, 1, 8), 1, 1, 2, True, True, 1.0),
+        ("post-norm, one block, T=1", (3, 1, 8), 1, 2, 2, False, False, 1.0),
+    ]
+    cases = []
+    for i, (name, shape, n_blocks, n_subs, heads, norm_first, final, scale) in enumerate(specs):
+        x = rand(gen, *shape, scale=scale) + (1.0 if scale != 1.0 else 0.0)
+        cases.append(_stack_case(name, x, n_blocks, n_subs, heads, norm_first, final,
+                                 seed + 10 * i))
+    return cases
+
+
+def check_residual_stack(residual_stack: Callable) -> None:
+    """Check ``residual_stack(x, sublayers, norms, norm_first, final_norm=None)`` -> (B, T, D):
+    every sublayer applied in order with its residual connection and its own norm, pre-norm
+    (eq. 30) or post-norm (eq. 31), then ``final_norm`` once when given. The expected outputs
+    come from course_lib's ``EncoderBlock`` built from the same sublayers.
+
+    Args:
+        residual_stack: the learner's function.
+    """
+    cases_and_expected = _residual_stack_cases(seed=73)
+    expected_of = {case.name: expected for case, expected in cases_and_expected}
+
+    def check_one(got: Any, case: Case) -> None:
+        compare_tensors(got, expected_of[case.name], case, what="Your stack's output",
+                        misconceptions=STACK_MISTAKES)
+
+    with torch.no_grad():
+        run_cases("residual_stack", residual_stack, [c for c, _ in cases_and_expected],
+                  check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.4: layer_grad_norms(layers, x, loss_fn)
+
+
+class ResidualMLP(nn.Module):
+    """x + W2 tanh(W1 LN(x)): a small pre-norm residual layer."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.fc1, self.fc2 = nn.Linear(d_model, 2 * d_model), nn.Linear(2 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.tanh(self.fc1(self.norm(x))))
+
+
+class BlockOutput(nn.Module):
+    """An EncoderBlock that returns only its output tensor, so layers can be chained."""
+
+    def __init__(self, block: EncoderBlock) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)[0]
+
+
+class LayersWithGradients(nn.ModuleList):
+    """A ModuleList whose copies keep the parameters' ``.grad`` (copy.deepcopy drops it):
+    layers that still hold the gradients of an earlier backward pass."""
+
+    def __deepcopy__(self, memo: dict) -> LayersWithGradients:
+        clone = type(self)(copy.deepcopy(list(self), memo))
+        for new, old in zip(clone.parameters(), self.parameters(), strict=True):
+            if old.grad is not None:
+                new.grad = old.grad.clone()
+        return clone
+
+
+def mean_square(h: torch.Tensor) -> torch.Tensor:
+    """loss = mean(h^2)."""
+    return h.pow(2).mean()
+
+
+class FixedReadout:
+    """loss = mean(h * r) for a fixed random r: the same gradient enters at every depth."""
+
+    def __init__(self, shape: tuple[int, ...], seed: int) -> None:
+        self.r = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return (h * self.r).mean()
+
+
+def _seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        return build()
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def _run_stack(layers: nn.ModuleList, x: torch.Tensor, loss_fn: Callable, *,
+               zero: bool = True) -> list[torch.Tensor]:
+    """Backpropagate loss_fn(layers(x)) on a copy; return the grads of the inputs of every
+    layer and of the output, [dL/dh_0, ..., dL/dh_L], and leave the copy's .grad filled."""
+    if zero:
+        layers.zero_grad(set_to_none=True)
+    hs, h = [], x.detach().clone().requires_grad_(True)
+    for layer in layers:
+        hs.append(h)
+        h = layer(h)
+        h.retain_grad()
+    hs.append(h)
+    loss_fn(h).backward()
+    return [t.grad for t in hs]
+
+
+def _norms(layers: nn.ModuleList, per_param: Callable[[torch.Tensor], torch.Tensor],
+           combine: Callable[[torch.Tensor], torch.Tensor],
+           select: Callable[[torch.Tensor], bool] = lambda p: True) -> torch.Tensor:
+    values = []
+    for layer in layers:
+        parts = [per_param(p.grad) for p in layer.parameters() if p.grad is not None and select(p)]
+        values.append(combine(torch.stack(parts)) if parts else torch.tensor(0.0))
+    return torch.stack(values)
+
+
+def _stack_variants(layers: nn.ModuleList, x: torch.Tensor, loss_fn: Callable
+                    ) -> dict[str, torch.Tensor]:
+    """The right answer and the plausible wrong ones, each computed on a fresh copy."""
+    fresh = copy.deepcopy(layers)
+    activation_grads = _run_stack(fresh, x, loss_fn)
+    stale = copy.deepcopy(layers)
+    _run_stack(stale, x, loss_fn, zero=False)
+    norm = torch.linalg.vector_norm
+    return {
+        "expected": reference_layer_grad_norms(fresh),
+        "stale": reference_layer_grad_norms(stale),
+        "sum of norms": _norms(fresh, norm, torch.sum),
+        "squared": _norms(fresh, lambda g: g.pow(2).sum(), torch.sum),
+        "weights only": _norms(fresh, lambda g: g.pow(2).sum(), lambda s: s.sum().sqrt(),
+                               lambda p: p.dim() >= 2),
+        "mean abs": _norms(fresh, lambda g: g.abs().sum(), torch.sum)
+        / torch.tensor([float(sum(p.numel() for p in layer.parameters())) for layer in fresh]),
+        "inputs": torch.stack([norm(g) for g in activation_grads[:-1]]),
+        "outputs": torch.stack([norm(g) for g in activation_grads[1:]]),
+    }
+
+
+_GRAD_NORM_MESSAGES = {
+    "stale": "Your norms include the gradients the layers already held from an earlier backward "
+             "pass: loss.backward() ADDS to .grad. Clear them first (layers.zero_grad(), or "
+             "p.grad = None for every parameter), or compute the gradients with "
+             "torch.autograd.grad, which does not touch .grad",
+    "reversed": "Your norms are in reverse order: entry 0 must be the FIRST layer (the one that "
+                "reads x), the last entry the layer next to the loss",
+    "sum of norms": "You added up the norms of each layer's parameters. A layer's gradient norm "
+                    "is the norm of all its gradient entries together: sqrt of the sum of the "
+                    "squares of every entry of every parameter, sqrt(sum_p ||grad_p||^2)",
+    "squared": "Your values are squared norms: take the square root of the sum of squares",
+    "weights only": "You left out some parameters (the biases, or the LayerNorm gains): a "
+                    "layer's gradient norm covers every parameter in layer.parameters()",
+    "mean abs": "You averaged the absolute gradient entries; the exercise asks for the L2 norm, "
+                "sqrt(sum of squares)",
+    "inputs": "Your norms are those of the gradients with respect to the ACTIVATIONS (each "
+              "layer's input). The exercise asks for the gradients of each layer's "
+              "PARAMETERS, p.grad for p in layer.parameters()",
+    "outputs": "Your norms are those of the gradients with respect to the ACTIVATIONS (each "
+               "layer's output). The exercise asks for the gradients of each layer's "
+               "PARAMETERS, p.grad for p in layer.parameters()",
+}
+
+
+def _grad_norm_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    d = 8
+
+    def blocks(n: int, norm_first: bool, s: int) -> nn.ModuleList:
+        return nn.ModuleList(BlockOutput(_seeded(s + i, lambda: EncoderBlock(
+            d, 2, norm_first=norm_first))) for i in range(n))
+
+    residual = nn.ModuleList(_seeded(seed + i, lambda: ResidualMLP(d)) for i in range(4))
+    plain = nn.Sequential(*(_seeded(seed + 10 + i, lambda: nn.Sequential(nn.Linear(d, d),
+                                                                         nn.Tanh()))
+                            for i in range(6)))
+    old = LayersWithGradients(_seeded(seed + 20 + i, lambda: ResidualMLP(d)) for i in range(3))
+    for p in old.parameters():
+        p.grad = torch.randn(p.shape, generator=gen)  # left over from an earlier step
+    return [
+        Case("4 residual MLP layers, mean-square loss", (residual, rand(gen, 2, 5, d),
+                                                         mean_square)),
+        Case("6 plain Linear + tanh layers (an nn.Sequential)",
+             (plain, rand(gen, 4, d), FixedReadout((4, d), seed))),
+        Case("3 pre-norm EncoderBlocks", (blocks(3, True, seed + 30), rand(gen, 2, 4, d),
+                                          FixedReadout((2, 4, d), seed + 1))),
+        Case("3 post-norm EncoderBlocks", (blocks(3, False, seed + 40), rand(gen, 2, 4, d),
+                                           FixedReadout((2, 4, d), seed + 2))),
+        Case("one layer", (nn.ModuleList([_seeded(seed + 50, lambda: ResidualMLP(d))]),
+                           rand(gen, 3, d), mean_square)),
+        Case("3 layers that still hold gradients from an earlier backward pass",
+             (old, rand(gen, 2, 3, d), mean_square),
+             hint="loss.backward() adds to whatever .grad already holds"),
+    ]
+
+
+def check_layer_grad_norms(layer_grad_norms: Callable) -> None:
+    """Check ``layer_grad_norms(layers, x, loss_fn)`` -> (L,): run x through the layers in
+    order, backpropagate loss_fn(output), and return each layer's parameter-gradient norm.
+
+    Args:
+        layer_grad_norms: the learner's function.
+    """
+
+    def check_one(got: Any, case: Case) -> None:
+        layers, x, loss_fn = case.args
+        variants = _stack_variants(layers, x, loss_fn)
+        expected = variants.pop("expected")
+        variants["reversed"] = expected.flip(0)
+        if isinstance(got, (list, tuple)) and all(
+            isinstance(v, (float, int, torch.Tensor)) for v in got
+        ):
+            raise CheckFailure(
+                f"Your function returned a {type(got).__name__} of {len(got)} values; return "
+                f"one tensor of shape ({len(layers)},), e.g. torch.stack(norms) or "
+                f"torch.tensor(norms) (case '{case.name}')"
+            )
+        if isinstance(got, torch.Tensor):
+            got = got.detach()
+            n_params = sum(1 for _ in layers.parameters())
+            if got.dim() == 1 and len(got) == n_params != len(layers):
+                raise CheckFailure(
+                    f"Your result has {n_params} entries, one per parameter tensor; combine all "
+                    f"the parameters of a layer into one norm, {len(layers)} entries in all "
+                    f"(case '{case.name}')"
+                )
+        mistakes = [Misconception(lambda *args, v=value: v, _GRAD_NORM_MESSAGES[name])
+                    for name, value in variants.items()]
+        compare_tensors(got, expected, case, what="Your gradient norms",
+                        misconceptions=mistakes)
+
+    run_cases("layer_grad_norms", layer_grad_norms, _grad_norm_cases(seed=74), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.5: dropout(x, p, training)
+
+
+def _fail(message: str, case: Case) -> CheckFailure:
+    return CheckFailure(f"{message} (case '{case.name}')")
+
+
+def _check_eval(got: torch.Tensor, x: torch.Tensor, p: float, case: Case) -> None:
+    if torch.equal(got, x):
+        return
+    if p > 0 and torch.allclose(got, x * (1 - p)):
+        raise _fail("With training=False your function returns x * (1 - p): that is the old, "
+                    "non-inverted dropout. With inverted dropout the kept values are scaled "
+                    "by 1 / (1 - p) during training, so at evaluation x is returned unchanged",
+                    case)
+    if bool(((got == 0) & (x != 0)).any()):
+        raise _fail("With training=False your function still drops values. Dropout is only "
+                    "applied during training; at evaluation return x unchanged. (This is the "
+                    "classic F.dropout(x, p) bug: its training argument defaults to True)", case)
+    raise _fail("With training=False your function must return x unchanged, but it changed the "
+                "values", case)
+
+
+def _check_kept_values(got: torch.Tensor, x: torch.Tensor, p: float, case: Case) -> None:
+    kept = got != 0
+    if not bool(kept.any()):
+        raise _fail(f"Every value was dropped with p = {p}: keep each element with "
+                    "probability 1 - p", case)
+    ratio = got[kept] / x[kept]
+    scale = 1 / (1 - p)
+    for value, message in (
+        (1.0, "The values you keep are unchanged: with inverted dropout they must be divided "
+              "by (1 - p), so that the expected value of every element stays x "
+              "((1 - p) * x / (1 - p) + p * 0 = x) and evaluation needs no rescaling"),
+        (1 - p, "You multiplied the kept values by (1 - p); divide by (1 - p) instead"),
+        (1 / p if p > 0 else math.inf, "You divided the kept values by p; divide by (1 - p), "
+                                       "the probability of KEEPING an element"),
+    ):
+        if abs(value - scale) > 1e-3 and torch.allclose(ratio, torch.full_like(ratio, value),
+                                                        rtol=1e-4):
+            raise _fail(message, case)
+    if not torch.allclose(got[kept], x[kept] * scale, rtol=1e-5, atol=1e-6):
+        raise _fail(f"Every value you keep should be x / (1 - p) = x * {scale:.4g}, and every "
+                    "other value 0; some of yours are neither", case)
+
+
+def _check_fraction(got: torch.Tensor, p: float, case: Case) -> None:
+    dropped = float((got == 0).float().mean())
+    if abs(dropped - p) < 0.02:
+        return
+    if abs(dropped - (1 - p)) < 0.02:
+        raise _fail(f"You dropped {dropped:.1%} of the values with p = {p}: p is the probability "
+                    "of DROPPING (zeroing) an element, so keep an element when "
+                    "torch.rand(...) >= p (equivalently, < 1 - p)", case)
+    raise _fail(f"You dropped {dropped:.1%} of the values, but with p = {p} about {p:.0%} "
+                "should be zeroed, each element independently", case)
+
+
+def _check_independent(got: torch.Tensor, again: torch.Tensor, case: Case) -> None:
+    dropped = got == 0
+    rows = dropped.float().mean(-1)
+    if bool(((rows == 0) | (rows == 1)).all()):
+        raise _fail("You drop whole rows at once: draw one random number per ELEMENT "
+                    "(torch.rand_like(x)), not one per row", case)
+    if torch.equal(dropped, again == 0):
+        raise _fail("Two calls on the same input dropped exactly the same elements: draw a new "
+                    "random mask at every call (do not call torch.manual_seed inside your "
+                    "function)", case)
+
+
+def _dropout_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    big = rand(gen, 400, 250) + 0.1  # 100,000 values, none of them 0
+    return [
+        Case("eval mode, p=0.5", (rand(gen, 4, 6), 0.5, False)),
+        Case("training, p=0.5, 100,000 values", (big, 0.5, True)),
+        Case("training, p=0.2, 100,000 values", (big, 0.2, True)),
+        Case("training, p=0.9, 100,000 values", (big, 0.9, True)),
+        Case("training, p=0", (rand(gen, 3, 5), 0.0, True)),
+        Case("eval mode, p=0.3, batched (2, 3, 4)", (rand(gen, 2, 3, 4), 0.3, False)),
+        Case("training, p=0.3, a 1-D tensor of 7 values", (rand(gen, 7) + 3.0, 0.3, True)),
+    ]
+
+
+def check_dropout(dropout: Callable) -> None:
+    """Check ``dropout(x, p, training)``: inverted dropout. In training each element is zeroed
+    with probability p and the others are divided by (1 - p); otherwise x is returned unchanged.
+
+    The learner's function draws random numbers; the check seeds torch's generator for its own
+    calls and restores the learner's random state afterwards.
+
+    Args:
+        dropout: the learner's function.
+    """
+
+    def check_one(got: Any, case: Case) -> None:
+        x, p, training = case.args
+        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+            raise _fail(f"Your function should return a tensor of x's shape {tuple(x.shape)}, "
+                        f"but returned {describe(got)}", case)
+        if not training:
+            _check_eval(got, x, p, case)
+            return
+        if p == 0:
+            if not torch.equal(got, x):
+                raise _fail("With p = 0 nothing is dropped and 1 / (1 - p) = 1: the output must "
+                            "equal x", case)
+            return
+        _check_kept_values(got, x, p, case)
+        if x.numel() >= 10_000:
+            _check_independent(got, call_learner(dropout, case), case)
+            _check_fraction(got, p, case)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(75)
+        run_cases("dropout", dropout, _dropout_cases(seed=75), check_one)

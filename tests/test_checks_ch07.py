@@ -1,0 +1,598 @@
+"""The chapter 07 checks: each must reject plausible wrong answers with a message naming the
+mistake, accept every correct formulation, and let an unsolved stub fail as itself."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import layer_norm, rms_norm
+from course_lib.course.checks import CheckFailure
+from course_lib.course.checks.ch07 import (
+    check_dropout,
+    check_layer_grad_norms,
+    check_layer_norm,
+    check_residual_stack,
+    check_rms_norm,
+)
+from course_lib.probes import layer_grad_norms as library_layer_grad_norms
+
+ALL_CHECKS = [check_layer_norm, check_rms_norm, check_residual_stack, check_layer_grad_norms,
+              check_dropout]
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 7.x: write the body")
+
+
+@pytest.mark.parametrize("check", ALL_CHECKS)
+def test_an_unsolved_stub_fails_as_itself(check):
+    with pytest.raises(NotImplementedError, match="Exercise 7.x"):
+        check(_stub)
+
+
+@pytest.mark.parametrize("check", ALL_CHECKS)
+def test_a_function_that_crashes_gets_a_check_failure(check):
+    def crashes(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    with pytest.raises(CheckFailure, match="(?s)raised RuntimeError .*boom"):
+        check(crashes)
+
+
+# ------------------------------------------------------------------------------ 7.1 layer_norm
+
+
+def ln_two_pass(x, weight, bias, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def ln_var_correction(x, weight, bias, eps=1e-5):
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + eps) * weight + bias
+
+
+def ln_torch(x, weight, bias, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def ln_loop(x, weight, bias, eps=1e-5):
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.empty_like(flat)
+    for i, row in enumerate(flat):
+        d = row.shape[0]
+        mean = sum(row.tolist()) / d
+        var = sum((v - mean) ** 2 for v in row.tolist()) / d
+        out[i] = (row - mean) / math.sqrt(var + eps) * weight + bias
+    return out.reshape(x.shape)
+
+
+def ln_einsum(x, weight, bias, eps=1e-5):
+    d = x.shape[-1]
+    mean = torch.einsum("...d->...", x)[..., None] / d
+    centred = x - mean
+    var = torch.einsum("...d,...d->...", centred, centred)[..., None] / d
+    return torch.einsum("...d,d->...d", centred / (var + eps).sqrt(), weight) + bias
+
+
+@pytest.mark.parametrize("fn", [ln_two_pass, ln_var_correction, ln_torch, ln_loop, ln_einsum])
+def test_layer_norm_accepts_correct_answers(fn, capsys):
+    check_layer_norm(fn)
+    assert "layer_norm is correct on all 8 test cases" in capsys.readouterr().out
+
+
+def _ln(normalise):
+    def fn(x, weight, bias, eps=1e-5):
+        return normalise(x, eps) * weight + bias
+    return fn
+
+
+WRONG_LAYER_NORM = {
+    "unbiased variance": (_ln(lambda x, eps: (x - x.mean(-1, keepdim=True))
+                              / torch.sqrt(x.var(-1, keepdim=True) + eps)), "divides by d - 1"),
+    "torch.std + eps": (_ln(lambda x, eps: (x - x.mean(-1, keepdim=True))
+                            / (x.std(-1, keepdim=True) + eps)), "divides by d - 1"),
+    "eps outside the sqrt": (_ln(lambda x, eps: (x - x.mean(-1, keepdim=True))
+                                 / (x.std(-1, keepdim=True, correction=0) + eps)),
+                             "added eps to the standard deviation"),
+    "no eps": (_ln(lambda x, eps: (x - x.mean(-1, keepdim=True))
+                   / x.std(-1, keepdim=True, correction=0)), "left out eps"),
+    "statistics over dim 0": (_ln(lambda x, eps: (x - x.mean(0, keepdim=True))
+                                  / torch.sqrt(x.var(0, keepdim=True, correction=0) + eps)),
+                              "wrong dimension.*batch norm"),
+    "statistics over everything": (_ln(lambda x, eps: (x - x.mean())
+                                       / torch.sqrt(x.var(correction=0) + eps)),
+                                   "whole tensor"),
+    "no keepdim": (_ln(lambda x, eps: (x - x.mean(-1))
+                       / torch.sqrt(x.var(-1, correction=0) + eps)), "keepdim=True"),
+    "no gain and bias": (lambda x, w, b, eps=1e-5: ln_two_pass(x, torch.ones_like(w),
+                                                               torch.zeros_like(b), eps),
+                         "without the gain and the bias"),
+    "gain and bias swapped": (lambda x, w, b, eps=1e-5: ln_two_pass(x, b, w, eps),
+                              "swapped the gain and the bias"),
+    "bias before gain": (lambda x, w, b, eps=1e-5: (ln_two_pass(x, torch.ones_like(w),
+                                                                torch.zeros_like(b), eps) + b) * w,
+                         "added the bias before"),
+    "divide by the variance": (_ln(lambda x, eps: (x - x.mean(-1, keepdim=True))
+                                   / (x.var(-1, keepdim=True, correction=0) + eps)),
+                               "variance instead of the standard deviation"),
+    "mean not subtracted": (_ln(lambda x, eps: x / torch.sqrt(x.var(-1, keepdim=True,
+                                                                    correction=0) + eps)),
+                            "did not subtract the mean"),
+    "RMSNorm instead": (_ln(lambda x, eps: x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps)),
+                        "computed RMSNorm"),
+    "eps ignored (hard-coded 1e-5)": (lambda x, w, b, eps=1e-5: ln_two_pass(x, w, b, 1e-5),
+                                      r"eps=1e-3 given"),
+    "a tuple": (lambda x, w, b, eps=1e-5: (ln_two_pass(x, w, b, eps), x),
+                "Return only the tensor"),
+    "None": (lambda x, w, b, eps=1e-5: None, "forget to return"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_LAYER_NORM))
+def test_layer_norm_rejects_wrong_answers(name):
+    fn, message = WRONG_LAYER_NORM[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_layer_norm(fn)
+
+
+def test_layer_norm_check_catches_in_place_changes():
+    def in_place(x, weight, bias, eps=1e-5):
+        x -= x.mean(-1, keepdim=True)
+        return x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps) * weight + bias
+
+    with pytest.raises(CheckFailure, match="changed its input 'x' in place"):
+        check_layer_norm(in_place)
+
+
+def test_layer_norm_check_prints_no_warning(recwarn, capsys):
+    """The misconceptions include an unbiased variance of one value, which warns; the check
+    must stay silent (its output is compared by nbval)."""
+    check_layer_norm(ln_two_pass)
+    check_rms_norm(lambda x, w, eps=1e-6: rms_norm(x, w, eps=eps))
+    assert [str(w.message) for w in recwarn] == []
+
+
+# ------------------------------------------------------------------------------ 7.2 rms_norm
+
+
+def rms_rsqrt(x, weight, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rms_norm_of_vector(x, weight, eps=1e-6):
+    d = x.shape[-1]
+    rms = torch.sqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True) ** 2 / d + eps)
+    return x / rms * weight
+
+
+def rms_torch(x, weight, eps=1e-6):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
+
+
+def rms_library(x, weight, eps=1e-6):
+    return rms_norm(x, weight, eps=eps)
+
+
+@pytest.mark.parametrize("fn", [rms_rsqrt, rms_norm_of_vector, rms_torch, rms_library])
+def test_rms_norm_accepts_correct_answers(fn, capsys):
+    check_rms_norm(fn)
+    assert "rms_norm is correct on all 7 test cases" in capsys.readouterr().out
+
+
+WRONG_RMS = {
+    "LayerNorm instead": (lambda x, w, eps=1e-6: layer_norm(x, eps=eps) * w,
+                          "subtracted the mean"),
+    "eps outside": (lambda x, w, eps=1e-6: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w,
+                    "added eps to the root mean square"),
+    "L2 norm": (lambda x, w, eps=1e-6: x / x.norm(dim=-1, keepdim=True) * w, "L2 norm"),
+    "sum of squares": (lambda x, w, eps=1e-6: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+                       * w, "square root of the SUM of the squares"),
+    "no square root": (lambda x, w, eps=1e-6: x / (x.pow(2).mean(-1, keepdim=True) + eps) * w,
+                       "not its square root"),
+    "standard deviation": (lambda x, w, eps=1e-6: x / torch.sqrt(x.var(-1, keepdim=True) + eps)
+                           * w, "standard deviation"),
+    "wrong dim": (lambda x, w, eps=1e-6: x / torch.sqrt(x.pow(2).mean(0, keepdim=True) + eps) * w,
+                  "wrong dimension"),
+    "no keepdim": (lambda x, w, eps=1e-6: x / torch.sqrt(x.pow(2).mean(-1) + eps) * w,
+                   "keepdim=True"),
+    "no gain": (lambda x, w, eps=1e-6: rms_norm(x, eps=eps), "not multiplied by the gain"),
+    "gain added": (lambda x, w, eps=1e-6: rms_norm(x, eps=eps) + w, "added weight"),
+    "no eps": (lambda x, w, eps=1e-6: x / x.pow(2).mean(-1, keepdim=True).sqrt() * w,
+               "left out eps"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_RMS))
+def test_rms_norm_rejects_wrong_answers(name):
+    fn, message = WRONG_RMS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_rms_norm(fn)
+
+
+# --------------------------------------------------------------------------- 7.3 residual_stack
+
+
+def stack_loop(x, sublayers, norms, norm_first, final_norm=None):
+    for f, norm in zip(sublayers, norms, strict=False):
+        x = x + f(norm(x)) if norm_first else norm(x + f(x))
+    return x if final_norm is None else final_norm(x)
+
+
+def stack_indices(x, sublayers, norms, norm_first, final_norm=None):
+    h = x
+    for i in range(len(sublayers)):
+        if norm_first:
+            h = h + sublayers[i](norms[i](h))
+        else:
+            h = norms[i](h + sublayers[i](h))
+    if final_norm is not None:
+        h = final_norm(h)
+    return h
+
+
+def stack_recursive(x, sublayers, norms, norm_first, final_norm=None):
+    if not sublayers:
+        return x if final_norm is None else final_norm(x)
+    f, norm = sublayers[0], norms[0]
+    x = x + f(norm(x)) if norm_first else norm(x + f(x))
+    return stack_recursive(x, sublayers[1:], norms[1:], norm_first, final_norm)
+
+
+def stack_reduce(x, sublayers, norms, norm_first, final_norm=None):
+    def pre(h, pair):
+        return h + pair[0](pair[1](h))
+
+    def post(h, pair):
+        return pair[1](h + pair[0](h))
+
+    out = functools.reduce(pre if norm_first else post, zip(sublayers, norms, strict=False), x)
+    return final_norm(out) if norm_first and final_norm is not None else out
+
+
+@pytest.mark.parametrize("fn", [stack_loop, stack_indices, stack_recursive, stack_reduce])
+def test_residual_stack_accepts_correct_answers(fn, capsys):
+    check_residual_stack(fn)
+    assert "residual_stack is correct on all 7 test cases" in capsys.readouterr().out
+
+
+def _pre_step(x, f, norm):
+    return x + f(norm(x))
+
+
+def _post_step(x, f, norm):
+    return norm(x + f(x))
+
+
+def _stack_with(pre_step=_pre_step, post_step=_post_step, *, final="end"):
+    """A stack built from the given steps; final: where final_norm goes ("end", "never",
+    "start", "every step", "norms[-1]")."""
+    def fn(x, sublayers, norms, norm_first, final_norm=None):
+        step = pre_step if norm_first else post_step
+        if final == "start" and final_norm is not None:
+            x = final_norm(x)
+        for f, norm in zip(sublayers, norms, strict=False):
+            x = step(x, f, norm)
+            if final == "every step" and final_norm is not None:
+                x = final_norm(x)
+        if final == "end" and final_norm is not None:
+            x = final_norm(x)
+        if final == "norms[-1]" and norm_first:
+            x = norms[-1](x)
+        return x
+    return fn
+
+
+def _parallel_stack(x, sublayers, norms, norm_first, final_norm=None):
+    h = x
+    for f, norm in zip(sublayers, norms, strict=False):
+        h = (h + f(norm(x))) if norm_first else norm(x + f(x))  # every step reads x
+    return h if final_norm is None else final_norm(h)
+
+
+def _returns_in_loop(x, sublayers, norms, norm_first, final_norm=None):
+    for f, norm in zip(sublayers, norms, strict=False):
+        x = x + f(norm(x)) if norm_first else norm(x + f(x))
+        return x if final_norm is None else final_norm(x)
+
+
+WRONG_STACK = {
+    "always post-norm": (_stack_with(pre_step=_post_step), "normalise AFTER the residual add"),
+    "always pre-norm": (_stack_with(post_step=_pre_step), "that is pre-norm"),
+    "no residual": (_stack_with(lambda x, f, n: f(n(x)), lambda x, f, n: n(f(x))),
+                    "no residual connections"),
+    "post-norm: no residual only": (_stack_with(post_step=lambda x, f, n: n(f(x))),
+                                    "no residual connections"),
+    "norm of the output": (_stack_with(lambda x, f, n: x + n(f(x)), lambda x, f, n: x + n(f(x))),
+                           "normalised each sublayer's OUTPUT"),
+    "residual adds LN(x)": (_stack_with(pre_step=lambda x, f, n: n(x) + f(n(x))),
+                            "adds the normalised stream"),
+    "post-norm sandwich": (_stack_with(post_step=lambda x, f, n: n(x + f(n(x)))),
+                           "normalised again"),
+    "parallel sublayers": (_parallel_stack, "all read the stack's input x"),
+    "norms reversed": (lambda x, s, n, nf, fn=None: stack_loop(x, s, n[::-1], nf, fn),
+                       "paired with the wrong sublayers"),
+    "sublayers reversed": (lambda x, s, n, nf, fn=None: stack_loop(x, s[::-1], n[::-1], nf, fn),
+                           "run in reverse order"),
+    "norms[0] everywhere": (lambda x, s, n, nf, fn=None: stack_loop(x, s, [n[0]] * len(n), nf,
+                                                                    fn), "norms\\[0\\] for every"),
+    "returns inside the loop": (_returns_in_loop, "Only your first sublayer ran"),
+    "final norm forgotten": (_stack_with(final="never"), "leaves out final_norm"),
+    "final norm at the start": (_stack_with(final="start"), "final_norm to the stack's INPUT"),
+    "final norm after every step": (_stack_with(final="every step"),
+                                    "final_norm after every sublayer"),
+    "last sublayer's norm as the final norm": (_stack_with(final="norms[-1]"),
+                                               "last sublayer's norm, norms\\[-1\\]"),
+    "final_norm called when None": (lambda x, s, n, nf, fn=None: fn(stack_loop(x, s, n, nf)),
+                                    "(?s)raised TypeError.*final_norm may be None"),
+    "returns the input": (lambda x, s, n, nf, fn=None: x, "wrong values"),
+    "a list of tensors": (lambda x, s, n, nf, fn=None: [stack_loop(x, s, n, nf, fn)],
+                          "should be a tensor"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_STACK))
+def test_residual_stack_rejects_wrong_answers(name):
+    fn, message = WRONG_STACK[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_residual_stack(fn)
+
+
+def test_residual_stack_check_leaves_the_learners_random_stream_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    check_residual_stack(stack_loop)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+# ------------------------------------------------------------------------- 7.4 layer_grad_norms
+
+
+def grad_norms_backward(layers, x, loss_fn):
+    layers.zero_grad()
+    h = x
+    for layer in layers:
+        h = layer(h)
+    loss_fn(h).backward()
+    return torch.stack([
+        torch.sqrt(sum((p.grad ** 2).sum() for p in layer.parameters())) for layer in layers
+    ])
+
+
+def grad_norms_autograd(layers, x, loss_fn):
+    """torch.autograd.grad leaves .grad alone, so old gradients do not matter."""
+    h = x
+    for layer in layers:
+        h = layer(h)
+    params = [list(layer.parameters()) for layer in layers]
+    grads = torch.autograd.grad(loss_fn(h), [p for ps in params for p in ps])
+    norms, i = [], 0
+    for ps in params:
+        chunk = grads[i:i + len(ps)]
+        i += len(ps)
+        norms.append(torch.linalg.vector_norm(torch.cat([g.flatten() for g in chunk])))
+    return torch.stack(norms)
+
+
+def grad_norms_set_to_none(layers, x, loss_fn):
+    for p in layers.parameters():
+        p.grad = None
+    h = x
+    for layer in layers:
+        h = layer(h)
+    loss_fn(h).backward()
+    return library_layer_grad_norms(layers)
+
+
+def grad_norms_list_of_floats_as_tensor(layers, x, loss_fn):
+    layers.zero_grad(set_to_none=True)
+    h = x
+    for layer in layers:
+        h = layer(h)
+    loss_fn(h).backward()
+    norms = []
+    for layer in layers:
+        total = 0.0
+        for p in layer.parameters():
+            total += float((p.grad.double() ** 2).sum())
+        norms.append(math.sqrt(total))
+    return torch.tensor(norms)
+
+
+@pytest.mark.parametrize("fn", [grad_norms_backward, grad_norms_autograd, grad_norms_set_to_none,
+                                grad_norms_list_of_floats_as_tensor])
+def test_layer_grad_norms_accepts_correct_answers(fn, capsys):
+    check_layer_grad_norms(fn)
+    assert "layer_grad_norms is correct on all 6 test cases" in capsys.readouterr().out
+
+
+def _forward_backward(layers, x, loss_fn, zero=True):
+    if zero:
+        layers.zero_grad(set_to_none=True)
+    h = x
+    for layer in layers:
+        h = layer(h)
+    loss_fn(h).backward()
+
+
+def _per_layer(layers, per_param, combine, keep=lambda p: True):
+    return torch.stack([combine(torch.stack([per_param(p.grad) for p in layer.parameters()
+                                             if keep(p)])) for layer in layers])
+
+
+def stale_grads(layers, x, loss_fn):
+    _forward_backward(layers, x, loss_fn, zero=False)
+    return library_layer_grad_norms(layers)
+
+
+def reversed_order(layers, x, loss_fn):
+    return grad_norms_autograd(layers, x, loss_fn).flip(0)
+
+
+def sum_of_norms(layers, x, loss_fn):
+    _forward_backward(layers, x, loss_fn)
+    return _per_layer(layers, torch.linalg.vector_norm, torch.sum)
+
+
+def squared_norms(layers, x, loss_fn):
+    return grad_norms_autograd(layers, x, loss_fn) ** 2
+
+
+def weights_only(layers, x, loss_fn):
+    _forward_backward(layers, x, loss_fn)
+    return _per_layer(layers, lambda g: g.pow(2).sum(), lambda s: s.sum().sqrt(),
+                      lambda p: p.dim() >= 2)
+
+
+def mean_abs(layers, x, loss_fn):
+    _forward_backward(layers, x, loss_fn)
+    return torch.stack([torch.cat([p.grad.flatten() for p in layer.parameters()]).abs().mean()
+                        for layer in layers])
+
+
+def activation_grads(which):
+    def fn(layers, x, loss_fn):
+        hs, h = [], x.clone().requires_grad_(True)
+        for layer in layers:
+            hs.append(h)
+            h = layer(h)
+            h.retain_grad()
+        hs.append(h)
+        loss_fn(h).backward()
+        chosen = hs[:-1] if which == "inputs" else hs[1:]
+        return torch.stack([t.grad.norm() for t in chosen])
+    return fn
+
+
+def per_parameter(layers, x, loss_fn):
+    _forward_backward(layers, x, loss_fn)
+    return torch.stack([p.grad.norm() for p in layers.parameters()])
+
+
+def as_list(layers, x, loss_fn):
+    return grad_norms_autograd(layers, x, loss_fn).tolist()
+
+
+WRONG_GRAD_NORMS = {
+    "old gradients not cleared": (stale_grads, "already held from an earlier backward pass"),
+    "reversed": (reversed_order, "reverse order"),
+    "sum of per-parameter norms": (sum_of_norms, "added up the norms"),
+    "squared": (squared_norms, "squared norms"),
+    "weight matrices only": (weights_only, "left out some parameters"),
+    "mean absolute value": (mean_abs, "averaged the absolute gradient entries"),
+    "gradients of the inputs": (activation_grads("inputs"), "ACTIVATIONS .*input"),
+    "gradients of the outputs": (activation_grads("outputs"), "ACTIVATIONS .*output"),
+    "one norm per parameter": (per_parameter, "one per parameter tensor"),
+    "a list": (as_list, r"returned a list of .* values; return one tensor"),
+    "zeros": (lambda layers, x, loss_fn: torch.zeros(len(layers)), "wrong values"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_GRAD_NORMS))
+def test_layer_grad_norms_rejects_wrong_answers(name):
+    fn, message = WRONG_GRAD_NORMS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_layer_grad_norms(fn)
+
+
+# ------------------------------------------------------------------------------ 7.5 dropout
+
+
+def dropout_rand(x, p, training):
+    if not training:
+        return x
+    keep = torch.rand_like(x) >= p
+    return x * keep / (1 - p)
+
+
+def dropout_bernoulli(x, p, training):
+    if not training or p == 0:
+        return x.clone()
+    mask = torch.bernoulli(torch.full_like(x, 1 - p))
+    return torch.where(mask.bool(), x / (1 - p), torch.zeros_like(x))
+
+
+def dropout_torch(x, p, training):
+    return F.dropout(x, p, training=training)
+
+
+def dropout_less_than(x, p, training):
+    if training:
+        return x * (torch.rand(x.shape) < 1 - p).float() / (1 - p)
+    return x
+
+
+@pytest.mark.parametrize("fn", [dropout_rand, dropout_bernoulli, dropout_torch,
+                                dropout_less_than])
+def test_dropout_accepts_correct_answers(fn, capsys):
+    check_dropout(fn)
+    assert "dropout is correct on all 7 test cases" in capsys.readouterr().out
+
+
+def test_dropout_check_leaves_the_learners_random_stream_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    check_dropout(dropout_rand)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+def _train_only(wrong):
+    def fn(x, p, training):
+        return wrong(x, p) if training else x
+    return fn
+
+
+WRONG_DROPOUT = {
+    "drops in eval": (lambda x, p, training: F.dropout(x, p), "still drops values"),
+    "classic functional bug, fixed p": (lambda x, p, training: F.dropout(x, 0.5),
+                                        "still drops values"),
+    "old-style scaling in eval": (lambda x, p, training: dropout_rand(x, p, True) * (1 - p)
+                                  if training else x * (1 - p), "non-inverted"),
+    "no 1/(1-p)": (_train_only(lambda x, p: x * (torch.rand_like(x) >= p)),
+                   "values you keep are unchanged"),
+    "times (1-p)": (_train_only(lambda x, p: x * (torch.rand_like(x) >= p) * (1 - p)),
+                    "multiplied the kept values by"),
+    "divided by p": (_train_only(lambda x, p: x * (torch.rand_like(x) >= p) / p
+                                 if p > 0 else x), "divided the kept values by p"),
+    "keeps with probability p": (_train_only(lambda x, p: x * (torch.rand_like(x) < p) / (1 - p)),
+                                 "probability of DROPPING"),
+    "whole rows": (_train_only(lambda x, p: x * (torch.rand(*x.shape[:-1], 1) >= p) / (1 - p)
+                               if x.dim() > 1 else dropout_rand(x, p, True)), "whole rows"),
+    "same mask every call": (
+        _train_only(lambda x, p: x * (torch.rand(x.shape, generator=torch.Generator()
+                                                 .manual_seed(0)) >= p) / (1 - p)),
+        "exactly the same elements"),
+    "training ignored": (lambda x, p, training: x, "values you keep are unchanged"),
+    "training inverted": (lambda x, p, training: dropout_rand(x, p, not training),
+                          "still drops values"),
+    "drops a fixed fraction": (_train_only(lambda x, p: x * (torch.rand_like(x) >= 0.5) / 0.5),
+                               r"should be x / \(1 - p\)"),
+    "wrong shape": (lambda x, p, training: x.flatten(), "x's shape"),
+    "p = 0 breaks": (lambda x, p, training: dropout_rand(x, p, training) if p > 0 else x * 0,
+                     "With p = 0 nothing is dropped"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_DROPOUT))
+def test_dropout_rejects_wrong_answers(name):
+    fn, message = WRONG_DROPOUT[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_dropout(fn)
+
+
+def test_dropout_check_catches_in_place_changes():
+    def in_place(x, p, training):
+        if training:
+            x.mul_((torch.rand_like(x) >= p) / (1 - p))
+        return x
+
+    with pytest.raises(CheckFailure, match="changed its input 'x' in place"):
+        check_dropout(in_place)
