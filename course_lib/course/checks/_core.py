@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,20 @@ class Misconception:
 
     wrong: Callable[..., Any]
     message: str
+
+
+def as_int(value: object) -> int | None:
+    """A learner's count as an int: Python and numpy integers, whole floats and one-element
+    tensors are accepted; anything else (bools included) gives None."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        value = value.item()
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and float(value).is_integer():
+        return int(value)
+    return None
 
 
 def describe(value: Any) -> str:

@@ -7,7 +7,6 @@ notes' ``v_k = V x_k``, so one linear attention layer computes ``alpha @ X @ V.T
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 import torch
@@ -21,6 +20,7 @@ from ._core import (
     Case,
     CheckFailure,
     Misconception,
+    as_int,
     call_learner,
     compare_tensors,
     describe,
@@ -361,18 +361,6 @@ def _count_mistakes(d: int, f: int, bias: bool) -> list[tuple[int, str]]:
     ]
 
 
-def _as_int(value: object) -> int | None:
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
-        value = value.item()
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real) and float(value).is_integer():
-        return int(value)
-    return None
-
-
 def check_block_parameter_count(block_parameter_count: Callable) -> None:
     """Check ``block_parameter_count(d_model, d_ff, bias=True)`` against course_lib's
     EncoderBlock (4 attention projections, a two-layer FFN, two LayerNorms).
@@ -393,7 +381,7 @@ def check_block_parameter_count(block_parameter_count: Callable) -> None:
     counts: list[int] = []
     for case in cases:  # first collect every answer: a mistake must explain all of them
         got = call_learner(block_parameter_count, case)
-        count = _as_int(got)
+        count = as_int(got)
         if count is None:
             raise CheckFailure(
                 f"block_parameter_count should return a whole number (an int), got {got!r} "

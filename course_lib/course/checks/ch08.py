@@ -1,0 +1,648 @@
+"""Checks for chapter 08, full architectures: cross-attention, a post-norm BERT layer built
+from course_lib parts, the parameter count of a GPT-2 configuration, and mean pooling with a
+padding mask.
+
+Conventions (as in the chapter): weights have ``nn.Linear``'s layout (out, in); the fused
+projection ``w_qkv`` stacks the rows [W_q; W_k; W_v]; masks are boolean, True for real tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.attention import MultiHeadAttention, causal_mask, padding_mask
+from course_lib.blocks import EncoderBlock
+from course_lib.configs import DecoderConfig
+from course_lib.models import DecoderLM, count_parameters
+from course_lib.pretrained import default_model_dir, load_pretrained_encoder, mean_pool
+
+from ._core import (
+    Case,
+    CheckFailure,
+    Misconception,
+    as_int,
+    call_learner,
+    compare_tensors,
+    rand,
+    run_cases,
+)
+
+ATOL = 1e-5
+RTOL = 1e-4
+
+
+def _quietly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrong answer that cannot be computed for a case (shapes do not fit) is None."""
+
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (RuntimeError, ValueError, KeyError):
+            return None
+
+    return wrapped
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 8.1: cross_attention(x_dec, h_enc, w_qkv, b_qkv, w_out, b_out, n_heads)
+
+
+def reference_cross_attention(
+    x_dec: torch.Tensor, h_enc: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor,
+    w_out: torch.Tensor, b_out: torch.Tensor, n_heads: int,
+) -> torch.Tensor:
+    """course_lib's MultiHeadAttention with these weights, queries from x_dec (B, T, D) and
+    keys and values from h_enc (B, S, D): (B, T, D)."""
+    d_model = x_dec.shape[-1]
+    with torch.random.fork_rng(devices=[]):  # building the layer must not move the RNG
+        attention = MultiHeadAttention(d_model, n_heads).to(x_dec.dtype)
+    with torch.no_grad():
+        attention.qkv_proj.weight.copy_(w_qkv)
+        attention.qkv_proj.bias.copy_(b_qkv)
+        attention.out_proj.weight.copy_(w_out)
+        attention.out_proj.bias.copy_(b_out)
+        return attention(x_dec, h_enc)[0]  # (B, T, D)
+
+
+def _split(t: torch.Tensor, n_heads: int, transpose: bool = True) -> torch.Tensor:
+    batch, length, d_model = t.shape
+    if not transpose:  # the classic mistake: a plain view mixes positions into the heads
+        return t.reshape(batch, n_heads, length, d_model // n_heads)
+    return t.view(batch, length, n_heads, d_model // n_heads).transpose(1, 2)  # (B, H, L, Dh)
+
+
+def _cross_variant(
+    x_dec, h_enc, w_qkv, b_qkv, w_out, b_out, n_heads, *, sources="dee", scale="head",
+    causal=False, biases=True, project=True, order=(0, 1, 2), transpose=True,
+    layout="out_in",
+) -> torch.Tensor:
+    """Cross-attention with one thing changed: ``sources`` says where q, k, v come from
+    ('d' decoder, 'e' encoder), ``order`` which row block of w_qkv each uses, ..."""
+    d_model = x_dec.shape[-1]
+    blocks = w_qkv.chunk(3, dim=0)
+    bias_blocks = b_qkv.chunk(3, dim=0) if biases else (None, None, None)
+    inputs = {"d": x_dec, "e": h_enc}
+    projected = []
+    for src, i in zip(sources, order, strict=True):
+        w = blocks[i] if layout == "out_in" else blocks[i].T
+        projected.append(F.linear(inputs[src], w, bias_blocks[i]))  # (B, L, D)
+    q, k, v = (_split(t, n_heads, transpose) for t in projected)  # (B, H, L, Dh)
+    d_scale = {"head": d_model // n_heads, "model": d_model, "none": 1}[scale]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_scale)  # (B, H, T, S)
+    if causal:
+        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2]), float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v  # (B, H, T, Dh)
+    out = out.transpose(1, 2).reshape(x_dec.shape[0], q.shape[2], d_model)  # (B, T, D)
+    if not project:
+        return out
+    return F.linear(out, w_out if layout == "out_in" else w_out.T, b_out if biases else None)
+
+
+def _cross(**changes) -> Callable[..., Any]:
+    return _quietly(lambda *args: _cross_variant(*args, **changes))
+
+
+CROSS_MISTAKES = [
+    Misconception(
+        _cross(sources="ddd"),
+        "Your output is self-attention over the decoder: queries, keys and values all come "
+        "from x_dec. In cross-attention only the queries come from the decoder (eq. 34); the "
+        "keys and values come from the encoder's output h_enc (eqs. 35-36)",
+    ),
+    Misconception(
+        _cross(sources="dde"),
+        "Your keys come from the decoder: k = x_dec W_k. The keys must come from the encoder's "
+        "output, k_j = K h_j (eq. 35), like the values: a decoder query asks which SOURCE "
+        "tokens matter",
+    ),
+    Misconception(
+        _cross(sources="ded"),
+        "Your values come from the decoder: v = x_dec W_v. Both keys and values come from the "
+        "encoder's output h_enc (eqs. 35-36); what a query collects is source information",
+    ),
+    Misconception(
+        _cross(sources="edd"),
+        "The roles are swapped: your queries come from h_enc and your keys and values from "
+        "x_dec. The decoder asks (queries from x_dec), the encoder's output answers (keys and "
+        "values from h_enc); the output has one row per decoder position, shape (B, T, D)",
+    ),
+    Misconception(
+        _cross(causal=True),
+        "You applied a causal mask. Cross-attention has no future mask: the whole source "
+        "sentence is known before decoding starts, so every decoder position may look at every "
+        "source position (the decoder's causal mask belongs to its self-attention)",
+    ),
+    Misconception(
+        _cross(scale="none"),
+        "Your scores are not scaled: divide q k^T by sqrt(d_head), d_head = D / n_heads",
+    ),
+    Misconception(
+        _cross(scale="model"),
+        "You divided the scores by sqrt(D), the model width; each head works in d_head = "
+        "D / n_heads dimensions, so divide by sqrt(d_head)",
+    ),
+    Misconception(
+        _cross(project=False),
+        "You left out the output projection: after concatenating the heads, apply w_out and "
+        "b_out (out @ w_out.T + b_out)",
+    ),
+    Misconception(
+        _cross(biases=False),
+        "You left out the biases: the projections are nn.Linear layers, y = x @ W.T + b, with "
+        "b_qkv split like w_qkv into the query, key and value biases, and b_out at the end",
+    ),
+    Misconception(
+        _cross(order=(1, 0, 2)),
+        "Your queries use W_k and your keys W_q: the rows of w_qkv are stacked [W_q; W_k; "
+        "W_v], so the first D rows make the queries",
+    ),
+    Misconception(
+        _cross(transpose=False),
+        "Your heads mix positions: reshaping (B, L, D) straight to (B, H, L, D/H) cuts the "
+        "sequence, not the features. Split with .view(B, L, H, D // H).transpose(1, 2)",
+    ),
+    Misconception(
+        _cross(layout="in_out"),
+        "You multiplied by the weights without transposing them: w_qkv and w_out have "
+        "nn.Linear's layout (out, in), so a projection is x @ W.T + b (or F.linear(x, W, b))",
+    ),
+]
+
+CROSS_HINT = (
+    "queries come from x_dec (B, T, D), keys and values from h_enc (B, S, D); with T != S "
+    "the weights are (B, H, T, S) and multiply values of S positions"
+)
+
+
+def _cross_case(gen: torch.Generator, name: str, batch: int, tgt: int, src: int, d: int,
+                heads: int) -> Case:
+    scale = 1.0 / math.sqrt(d)
+    args = (rand(gen, batch, tgt, d), rand(gen, batch, src, d), rand(gen, 3 * d, d, scale=scale),
+            rand(gen, 3 * d, scale=0.1), rand(gen, d, d, scale=scale), rand(gen, d, scale=0.1),
+            heads)
+    return Case(name, args, hint=CROSS_HINT)
+
+
+def check_cross_attention(cross_attention: Callable) -> None:
+    """Check ``cross_attention(x_dec, h_enc, w_qkv, b_qkv, w_out, b_out, n_heads)`` -> (B, T, D):
+    multi-head attention with queries from the decoder states x_dec (B, T, D) and keys and
+    values from the encoder output h_enc (B, S, D), against course_lib's MultiHeadAttention.
+    """
+
+    def check_one(got, case: Case) -> None:
+        compare_tensors(got, reference_cross_attention(*case.args), case,
+                        what="Your cross-attention output", misconceptions=CROSS_MISTAKES,
+                        atol=ATOL, rtol=RTOL)
+
+    gen = torch.Generator().manual_seed(81)
+    cases = [  # equal lengths first: there a decoder-side key or value does not crash
+        _cross_case(gen, "T=S=4 (equal lengths), D=8, 4 heads", 2, 4, 4, 8, 4),
+        _cross_case(gen, "B=2, T=3 target and S=5 source tokens, D=8, 2 heads", 2, 3, 5, 8, 2),
+        _cross_case(gen, "one decoder step T=1, S=6, D=12, 3 heads", 3, 1, 6, 12, 3),
+        _cross_case(gen, "one source token S=1, T=3, D=8, 2 heads", 1, 3, 1, 8, 2),
+        _cross_case(gen, "one head, B=1, T=2, S=7, D=6", 1, 2, 7, 6, 1),
+    ]
+    run_cases("cross_attention", cross_attention, cases, check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 8.2: bert_layer(x, attention_mask, tensors, config)
+
+ACTIVATION_OF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                 "relu": "relu"}
+QKV_NAMES = ("query", "key", "value")
+
+
+def reference_bert_block(
+    tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], *, norm_first: bool = False,
+    eps: float | None = None, activation: str | None = None, order: tuple[int, ...] = (0, 1, 2),
+) -> EncoderBlock:
+    """course_lib's EncoderBlock holding one BERT layer's weights (names as in the checkpoint,
+    without the ``encoder.layer.N.`` prefix). The keyword arguments build wrong variants."""
+    d_model = config["hidden_size"]
+    with torch.random.fork_rng(devices=[]):
+        block = EncoderBlock(
+            d_model, config["num_attention_heads"], config["intermediate_size"],
+            activation=activation or ACTIVATION_OF[config["hidden_act"]],
+            norm_first=norm_first, eps=config["layer_norm_eps"] if eps is None else eps,
+        )
+    source = {
+        "attn_norm": "attention.output.LayerNorm", "ff.fc1": "intermediate.dense",
+        "ff.fc2": "output.dense", "ff_norm": "output.LayerNorm",
+        "self_attn.out_proj": "attention.output.dense",
+    }
+    with torch.no_grad():
+        for kind in ("weight", "bias"):
+            parts = [tensors[f"attention.self.{QKV_NAMES[i]}.{kind}"] for i in order]
+            block.get_parameter(f"self_attn.qkv_proj.{kind}").copy_(torch.cat(parts))
+            for ours, theirs in source.items():
+                block.get_parameter(f"{ours}.{kind}").copy_(tensors[f"{theirs}.{kind}"])
+    return block.eval()
+
+
+def reference_bert_layer(
+    x: torch.Tensor, attention_mask: torch.Tensor, tensors: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any], **variant,
+) -> torch.Tensor:
+    """One post-norm BERT layer applied to x (B, T, D), padded keys masked: (B, T, D).
+    ``residual=("attn", "ff")`` says which residual connections there are (a wrong variant
+    leaves one out); the other keyword arguments go to :func:`reference_bert_block`."""
+    use_mask = variant.pop("use_mask", True)
+    residual = variant.pop("residual", ("attn", "ff"))
+    block = reference_bert_block(tensors, config, **variant)
+    mask = attention_mask if use_mask else None
+    with torch.no_grad():
+        if residual == ("attn", "ff"):
+            return block(x, attention_mask=mask)[0]
+        a = block.self_attn(x, attention_mask=mask)[0]  # (B, T, D)
+        x = block.attn_norm(x + a if "attn" in residual else a)
+        f = block.ff(x)  # (B, T, D)
+        return block.ff_norm(x + f if "ff" in residual else f)
+
+
+def _bert(**variant) -> Callable[..., Any]:
+    return _quietly(lambda x, keep, tensors, config: reference_bert_layer(
+        x, keep, tensors, config, **variant))
+
+
+def _other_gelu(config: Mapping[str, Any]) -> str:
+    return "gelu_tanh" if ACTIVATION_OF[config["hidden_act"]] == "gelu" else "gelu"
+
+
+BERT_LAYER_MISTAKES = [
+    Misconception(
+        _bert(norm_first=True),
+        "Your layer is pre-norm, x + f(LN(x)). BERT is post-norm: each sublayer reads the raw "
+        "stream and the LayerNorm comes after the residual sum, x = LN(x + Attention(x)), then "
+        "x = LN(x + FFN(x))",
+    ),
+    Misconception(
+        _bert(eps=1e-5),
+        "Your LayerNorms use eps=1e-5, PyTorch's default. BERT uses config['layer_norm_eps'] "
+        "(1e-12): pass eps= to nn.LayerNorm",
+    ),
+    Misconception(
+        _bert(eps=1e-12),
+        "Your LayerNorms use eps=1e-12 whatever the config says: this layer's config has "
+        "another layer_norm_eps. Read eps from the config, config['layer_norm_eps']",
+    ),
+    Misconception(
+        _bert(residual=("ff",)),
+        "Your layer has no residual connection around the attention: the first LayerNorm "
+        "must normalise x + Attention(x), the sublayer's output added to its input",
+    ),
+    Misconception(
+        _bert(residual=("attn",)),
+        "Your layer has no residual connection around the feed-forward network: the second "
+        "LayerNorm must normalise x + FFN(x), the sublayer's output added to its input",
+    ),
+    Misconception(
+        _bert(residual=()),
+        "Your layer has no residual connections: each LayerNorm must normalise the "
+        "sublayer's output added to its input, LN(x + Attention(x)) and LN(x + FFN(x))",
+    ),
+    Misconception(
+        _bert(use_mask=False),
+        "Your real tokens attend to the padding: pass the attention_mask to the attention "
+        "layer (attention_mask=...) so padded keys get weight 0",
+    ),
+    Misconception(
+        _bert(order=(1, 0, 2)),
+        "Your queries and keys are swapped: the fused qkv_proj weight stacks the checkpoint's "
+        "query, key and value tensors in that order, [W_q; W_k; W_v]",
+    ),
+    Misconception(
+        _bert(activation="relu"),
+        "Your feed-forward network uses ReLU; BERT's hidden_act is a GELU: read it from the "
+        "config ('gelu' is the exact erf form, 'gelu_new' the tanh approximation)",
+    ),
+]
+
+
+def _activation_mistake(x, keep, tensors, config):
+    return reference_bert_layer(x, keep, tensors, config, activation=_other_gelu(config))
+
+
+BERT_LAYER_MISTAKES.append(Misconception(
+    _quietly(_activation_mistake),
+    "Your GELU is the wrong one: config['hidden_act'] 'gelu' is the exact erf form "
+    "(F.gelu(x), activation='gelu' in course_lib), 'gelu_new' the tanh approximation "
+    "(activation='gelu_tanh'). The two differ by at most about 4.7e-4, and only where the "
+    "pre-activations are large, but that is enough to fail at 1e-5",
+))
+
+
+@functools.cache
+def _minilm() -> tuple[dict[str, torch.Tensor], dict[str, Any], tuple[torch.Tensor, ...],
+                       torch.Tensor]:
+    """The bundled all-MiniLM-L6-v2: its tensors, its config.json, and the hidden states of
+    a padded batch of sentences (embeddings and every layer's output) with their mask."""
+    folder = default_model_dir()
+    config = json.loads((folder / "config.json").read_text())
+    encoder = load_pretrained_encoder(folder)
+    tensors = {name: t.detach().clone() for name, t in _checkpoint(folder).items()}
+    out = encoder.encode(["The chef cooked the bread.", "Hi!",
+                          "Cross-attention reads the encoder's output."],
+                         output_attentions=False)
+    return tensors, config, out.hidden_states, out.batch.attention_mask
+
+
+def _checkpoint(folder) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def layer_tensors(tensors: Mapping[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
+    """One layer's tensors, named without the ``encoder.layer.<index>.`` prefix."""
+    prefix = f"encoder.layer.{index}."
+    return {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
+
+
+def _random_layer(gen: torch.Generator, d: int, ffn: int) -> dict[str, torch.Tensor]:
+    """A BERT layer's tensors with random values (every gain and bias away from 1 and 0)."""
+    shapes = {"attention.self.query": (d, d), "attention.self.key": (d, d),
+              "attention.self.value": (d, d), "attention.output.dense": (d, d),
+              "intermediate.dense": (ffn, d), "output.dense": (d, ffn)}
+    tensors = {}
+    for name, shape in shapes.items():
+        tensors[f"{name}.weight"] = rand(gen, *shape, scale=1.0 / math.sqrt(shape[1]))
+        tensors[f"{name}.bias"] = rand(gen, shape[0], scale=0.1)
+    for name in ("attention.output.LayerNorm", "output.LayerNorm"):
+        tensors[f"{name}.weight"] = 1.0 + rand(gen, d, scale=0.2)
+        tensors[f"{name}.bias"] = rand(gen, d, scale=0.2)
+    return tensors
+
+
+def _tiny_config(d: int, heads: int, ffn: int, act: str, eps: float) -> dict[str, Any]:
+    return {"hidden_size": d, "num_attention_heads": heads, "intermediate_size": ffn,
+            "hidden_act": act, "layer_norm_eps": eps, "model_type": "bert"}
+
+
+def _bert_cases() -> list[Case]:
+    tensors, config, hidden, keep = _minilm()
+    gen = torch.Generator().manual_seed(82)
+    # inputs of small variance, where eps matters as it does in the real model
+    tiny_x = rand(gen, 2, 5, 16, scale=0.05)
+    tiny_keep = padding_mask([5, 3])
+    return [
+        Case("all-MiniLM-L6-v2 layer 0 on a padded batch of 3 sentences",
+             (hidden[0], keep, layer_tensors(tensors, 0), config)),
+        Case("all-MiniLM-L6-v2 layer 3", (hidden[3], keep, layer_tensors(tensors, 3), config)),
+        Case("layer 0 on one sentence without padding",
+             (hidden[0][:1, :int(keep[0].sum())], keep[:1, :int(keep[0].sum())],
+              layer_tensors(tensors, 0), config)),
+        Case("a random tiny BERT layer: D=16, 4 heads, d_ff=24, 'gelu', eps=1e-12",
+             (tiny_x, tiny_keep, _random_layer(gen, 16, 24),
+              _tiny_config(16, 4, 24, "gelu", 1e-12))),
+        Case("a random tiny layer with hidden_act='gelu_new' (tanh GELU), eps=1e-12",
+             (tiny_x, tiny_keep, _random_layer(gen, 16, 40),
+              _tiny_config(16, 2, 40, "gelu_new", 1e-12))),
+        Case("a random tiny layer with layer_norm_eps=1e-6",
+             (rand(gen, 2, 4, 8, scale=0.01), padding_mask([4, 2]), _quiet_layer(gen, 8, 16),
+              _tiny_config(8, 2, 16, "gelu", 1e-6))),
+    ]
+
+
+def _quiet_layer(gen: torch.Generator, d: int, ffn: int) -> dict[str, torch.Tensor]:
+    """A random layer whose attention adds little to small inputs: the first LayerNorm sees a
+    variance near 1e-4, where eps=1e-6 and eps=1e-12 give visibly different outputs."""
+    tensors = _random_layer(gen, d, ffn)
+    for name in ("attention.self.value.bias", "attention.output.dense.bias"):
+        tensors[name] = tensors[name] * 0.05
+    return tensors
+
+
+def check_bert_layer(bert_layer: Callable) -> None:
+    """Check ``bert_layer(x, attention_mask, tensors, config)`` -> (B, T, D): one post-norm
+    BERT layer built from course_lib parts and the checkpoint's tensors, compared at the real
+    tokens with course_lib's EncoderBlock loaded with the same tensors, to 1e-5.
+    """
+
+    def check_one(got, case: Case) -> None:
+        x, keep, tensors, config = case.args
+        expected = reference_bert_layer(*case.args)
+        if isinstance(got, tuple) and got and isinstance(got[0], torch.Tensor):
+            raise CheckFailure(
+                f"bert_layer returned a tuple; return only the layer's output tensor (B, T, D) "
+                f"(an EncoderBlock or MultiHeadAttention returns (out, weights): take [0]) "
+                f"(case '{case.name}')"
+            )
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+            got = got.detach()  # built from modules with trainable parameters
+            got, expected_real = got[keep], expected[keep]  # (real tokens, D)
+            masked_case = Case(case.name, (x, keep, tensors, config))
+            mistakes = [Misconception(_real(m.wrong, keep), m.message)
+                        for m in BERT_LAYER_MISTAKES]
+            compare_tensors(got, expected_real, masked_case, what="Your layer's output",
+                            misconceptions=mistakes, atol=1e-5, rtol=1e-5)
+            return
+        compare_tensors(got, expected, case, what="Your layer's output", atol=1e-5, rtol=1e-5)
+
+    run_cases("bert_layer", bert_layer, _bert_cases(), check_one)
+
+
+def _real(wrong: Callable[..., Any], keep: torch.Tensor) -> Callable[..., Any]:
+    def at_real_tokens(*args):
+        out = wrong(*args)
+        return None if out is None else out[keep]
+    return at_real_tokens
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 8.3: gpt2_parameter_count(config)
+
+
+def _fields(config: Mapping[str, Any]) -> tuple[int, int, int, int, int, bool]:
+    """(V, context, D, L, d_ff, tied) of a GPT-2 config dict."""
+    d = config["n_embd"]
+    d_ff = config.get("n_inner") or 4 * d
+    return (config["vocab_size"], config["n_positions"], d, config["n_layer"], d_ff,
+            config.get("tie_word_embeddings", True))
+
+
+def reference_gpt2_parameter_count(config: Mapping[str, Any]) -> int:
+    """Build the GPT-2 configuration as a course_lib DecoderLM on the meta device (no memory)
+    and count its parameters (a tied output layer counts once)."""
+    vocab, context, d, layers, d_ff, tied = _fields(config)
+    with torch.device("meta"):
+        model = DecoderLM(DecoderConfig(
+            vocab_size=vocab, d_model=d, n_heads=config["n_head"], n_layers=layers,
+            d_ff=d_ff, max_len=context, activation="gelu_tanh", tie_embeddings=tied))
+    return count_parameters(model)
+
+
+def _gpt2_mistakes(config: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """(wrong count, message) for plausible mistakes on one config."""
+    vocab, context, d, layers, d_ff, tied = _fields(config)
+    right = reference_gpt2_parameter_count(config)
+    biases = layers * (4 * d + d_ff + d)  # qkv (3D) + out (D) + fc1 (d_ff) + fc2 (D)
+    norm_params = (2 * layers + 1) * 2 * d  # two per block and the final one, gain and bias
+    head = vocab * d
+    return [
+        (right - biases, "You left out the biases of the linear layers: per block 3D for the "
+         "fused q/k/v projection, D for the attention output, d_ff and D for the MLP"),
+        (right - context * d, "You left out the position embeddings: GPT-2 learns one vector "
+         "of n_embd numbers for each of its n_positions positions"),
+        (right + (head if tied else 0), "You counted the output layer as a matrix of its own, "
+         "but GPT-2 ties it to the token embedding (tie_word_embeddings=True): the same "
+         "vocab_size x n_embd matrix is used twice and counted once"),
+        (right - (0 if tied else head), "With tie_word_embeddings=False the output layer has "
+         "its own vocab_size x n_embd matrix: count it as well"),
+        (right - norm_params, "You left out the LayerNorms: two per block and a final one, "
+         "each with a gain and a bias of n_embd numbers"),
+        (right - norm_params // 2, "Your LayerNorms have only a gain: each also has a bias "
+         "(beta), n_embd numbers"),
+        (right - 2 * d, "You left out the final LayerNorm (ln_f): a pre-norm model "
+         "normalises once more before the output layer"),
+        (right - layers * (d * d + d), "You counted three attention matrices (q, k, v); there "
+         "is a fourth, the output projection (n_embd x n_embd plus its bias)"),
+        (right - layers * (d_ff * d + d_ff), "You counted one MLP matrix; the MLP has two, "
+         "n_embd -> d_ff and d_ff -> n_embd, each with a bias"),
+        (right + layers * 2 * d * (4 * d - d_ff) + layers * (4 * d - d_ff),
+         "You used an MLP width of 4 x n_embd although n_inner is set: the width is n_inner "
+         "when it is not None"),
+        (right + vocab, "You gave the output layer a bias: GPT-2's lm_head has "
+         "none"),
+    ]
+
+
+GPT2_CONFIGS = [
+    ("GPT-2 small", dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12,
+                         n_head=12, n_inner=None, tie_word_embeddings=True)),
+    ("GPT-2 medium", dict(vocab_size=50257, n_positions=1024, n_embd=1024, n_layer=24,
+                          n_head=16, n_inner=None, tie_word_embeddings=True)),
+    ("GPT-2 XL", dict(vocab_size=50257, n_positions=1024, n_embd=1600, n_layer=48, n_head=25,
+                      n_inner=None, tie_word_embeddings=True)),
+    ("tiny, n_inner=40, untied", dict(vocab_size=100, n_positions=16, n_embd=8, n_layer=2,
+                                      n_head=2, n_inner=40, tie_word_embeddings=False)),
+    ("one layer, n_embd=4, n_inner=6", dict(vocab_size=7, n_positions=5, n_embd=4, n_layer=1,
+                                            n_head=1, n_inner=6, tie_word_embeddings=True)),
+]
+
+
+def check_gpt2_parameter_count(gpt2_parameter_count: Callable) -> None:
+    """Check ``gpt2_parameter_count(config)`` -> int for GPT-2 configurations given as dicts
+    (vocab_size, n_positions, n_embd, n_layer, n_head, n_inner, tie_word_embeddings), against
+    course_lib's DecoderLM built on the meta device."""
+    cases = [Case(name, (config,)) for name, config in GPT2_CONFIGS]
+    counts = []
+    for case in cases:  # every answer first: a mistake must explain all of them
+        got = call_learner(gpt2_parameter_count, case)
+        count = as_int(got)
+        if count is None:
+            raise CheckFailure(f"gpt2_parameter_count should return a whole number (an int), "
+                               f"got {got!r} (case '{case.name}')")
+        counts.append(count)
+    expected = [reference_gpt2_parameter_count(c.args[0]) for c in cases]
+    if counts == expected:
+        labels = "; ".join(c.name for c in cases)
+        print(f"\u2705 gpt2_parameter_count is correct on all {len(cases)} test cases "
+              f"({labels})")
+        return
+    first = next(i for i, (c, e) in enumerate(zip(counts, expected, strict=True)) if c != e)
+    per_case = [_gpt2_mistakes(c.args[0]) for c in cases]
+    for m, (_, message) in enumerate(per_case[first]):
+        if all(count == mistakes[m][0] for count, mistakes in zip(counts, per_case, strict=True)):
+            raise CheckFailure(f"{message} (seen on the case '{cases[first].name}')")
+    raise CheckFailure(
+        f"Your count {counts[first]:,} is off by {counts[first] - expected[first]:+,d} (case "
+        f"'{cases[first].name}'). Count each part: token and position embeddings; per block "
+        "two LayerNorms, the attention (fused q/k/v and output projection, with biases) and "
+        "the MLP (two layers with biases); the final LayerNorm; the output layer only if "
+        "it is not tied"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 8.4: mean_pool(hidden, attention_mask)
+
+
+def _masked(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return hidden * keep[..., None].to(hidden.dtype)  # (B, T, D), padding zeroed
+
+
+POOL_MISTAKES = [
+    Misconception(
+        lambda hidden, keep: hidden.mean(dim=1),
+        "You averaged over every position, padding included: the pad vectors are junk, so the "
+        "embedding of a short sentence depends on how long the batch is. Average over the real "
+        "tokens only (where attention_mask is True)",
+    ),
+    Misconception(
+        lambda hidden, keep: _masked(hidden, keep).sum(dim=1) / hidden.shape[1],
+        "You zeroed the padding but divided by T, the padded length: divide each sum by that "
+        "sentence's number of real tokens, attention_mask.sum(dim=1)",
+    ),
+    Misconception(
+        lambda hidden, keep: _masked(hidden, keep).sum(dim=1) / keep.sum(),
+        "You divided by the number of real tokens in the whole batch: each sentence needs its "
+        "own count, attention_mask.sum(dim=1, keepdim=True)",
+    ),
+    Misconception(
+        lambda hidden, keep: _masked(hidden, keep).sum(dim=1),
+        "You summed the real token vectors but did not divide by their number: the mean is "
+        "the sum / the sentence's number of real tokens",
+    ),
+    Misconception(
+        lambda hidden, keep: _masked(hidden, ~keep).sum(dim=1) / (~keep).sum(
+            dim=1, keepdim=True).clamp(min=1),
+        "You averaged the padding positions: True in attention_mask marks the REAL tokens",
+    ),
+    Misconception(
+        lambda hidden, keep: hidden[:, 0],
+        "You returned the first token's vector ([CLS] pooling). The exercise asks for the "
+        "mean over the real tokens",
+    ),
+    Misconception(
+        lambda hidden, keep: hidden.masked_fill(~keep[..., None], float("-inf")).amax(dim=1),
+        "You took the maximum over the tokens; the exercise asks for the mean",
+    ),
+    Misconception(
+        lambda hidden, keep: F.normalize(mean_pool(hidden, keep), dim=-1),
+        "Your vectors are scaled to length 1: that is a separate step (sentence_embedding "
+        "does it after pooling); return the plain mean",
+    ),
+]
+
+
+def check_mean_pool(mean_pool_fn: Callable) -> None:
+    """Check ``mean_pool(hidden, attention_mask)`` -> (B, D): each sequence's mean over its real
+    tokens, a sequence without real tokens giving zeros; against course_lib.pretrained."""
+
+    def check_one(got, case: Case) -> None:
+        hidden, keep = case.args
+        expected = mean_pool(hidden, keep)
+        empty = ~keep.any(dim=1)  # (B,) sequences without a real token
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(
+                empty.any()) and bool(torch.isnan(got[empty]).any()) and bool(
+                torch.isfinite(got[~empty]).all()):
+            raise CheckFailure(
+                "Your vector is NaN for a sequence with no real tokens: its sum is 0 and its "
+                "count is 0, and 0 / 0 is NaN. Keep the count at least 1 (or 1e-9), e.g. "
+                f".clamp(min=1e-9), so such a row gives zeros (case '{case.name}')"
+            )
+        compare_tensors(got, expected, case, what="Your pooled vectors",
+                        misconceptions=POOL_MISTAKES)
+
+    gen = torch.Generator().manual_seed(84)
+    cases = [
+        Case("B=3, T=5, D=4, lengths 5, 2, 3", (rand(gen, 3, 5, 4), padding_mask([5, 2, 3]))),
+        Case("no padding, B=2, T=3", (rand(gen, 2, 3, 6), padding_mask([3, 3]))),
+        Case("one sequence of one token, padded to T=4",
+             (rand(gen, 1, 4, 3), padding_mask([1], 4))),
+        Case("large pad vectors (junk at padded positions)",
+             (torch.cat([rand(gen, 2, 3, 5), rand(gen, 2, 4, 5, scale=100.0)], dim=1),
+              padding_mask([3, 2], 7))),
+        Case("T=1, B=4", (rand(gen, 4, 1, 8), padding_mask([1, 1, 1, 1]))),
+        Case("a sequence with no real tokens (lengths 3, 0)",
+             (rand(gen, 2, 3, 4), padding_mask([3, 0]))),
+    ]
+    run_cases("mean_pool", mean_pool_fn, cases, check_one)
