@@ -1,0 +1,486 @@
+"""The chapter 09 checks: each must accept every correct formulation, reject plausible wrong
+answers with a message naming the mistake, and let an unsolved stub fail as itself."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.course.checks import CheckFailure
+from course_lib.course.checks.ch09 import (
+    _probs_cases,
+    check_alignment_score,
+    check_attend_with_cache,
+    check_greedy_decode,
+    check_next_token_loss,
+    check_next_token_probs,
+)
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 9.x: write the body")
+
+
+@pytest.mark.parametrize("check", [check_next_token_loss, check_next_token_probs,
+                                   check_greedy_decode, check_alignment_score,
+                                   check_attend_with_cache])
+def test_an_unsolved_stub_fails_as_itself(check):
+    with pytest.raises(NotImplementedError, match="Exercise 9.x"):
+        check(_stub)
+
+
+# --------------------------------------------------------------------- 9.1 next_token_loss
+
+
+def loss_flatten(logits, ids):
+    vocab = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+
+
+def loss_transpose(logits, ids):
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:])  # (B, V, T-1)
+
+
+def loss_by_hand(logits, ids):
+    log_probs = torch.log_softmax(logits[:, :-1], dim=-1)  # (B, T-1, V)
+    picked = log_probs.gather(-1, ids[:, 1:, None])[..., 0]  # (B, T-1)
+    return -picked.mean()
+
+
+def loss_loop(logits, ids):
+    total, count = 0.0, 0
+    for b in range(ids.shape[0]):
+        for t in range(ids.shape[1] - 1):
+            total = total - torch.log_softmax(logits[b, t], -1)[ids[b, t + 1]]
+            count += 1
+    return total / count
+
+
+def loss_float(logits, ids):
+    return loss_flatten(logits, ids).item()
+
+
+@pytest.mark.parametrize("fn", [loss_flatten, loss_transpose, loss_by_hand, loss_loop,
+                                loss_float])
+def test_next_token_loss_accepts_correct_answers(fn, capsys):
+    check_next_token_loss(fn)
+    assert "next_token_loss is correct" in capsys.readouterr().out
+
+
+def _flat(logits, ids, **kw):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), **kw)
+
+
+WRONG_LOSS = {
+    "not shifted": (lambda lg, ids: _flat(lg, ids), "own input token"),
+    "shifted backwards": (lambda lg, ids: _flat(lg[:, 1:], ids[:, :-1]), "the wrong way"),
+    "rolled": (lambda lg, ids: _flat(lg, torch.roll(ids, -1, 1)), "wraps around"),
+    "sum": (lambda lg, ids: _flat(lg[:, :-1], ids[:, 1:], reduction="sum"), "sum over all"),
+    "batch mean of sums": (lambda lg, ids: _flat(lg[:, :-1], ids[:, 1:], reduction="sum")
+                           / lg.shape[0], "averaged over the batch only"),
+    "softmax first": (lambda lg, ids: _flat(torch.softmax(lg[:, :-1], -1), ids[:, 1:]),
+                      "applies log-softmax itself"),
+    "nll on probabilities": (lambda lg, ids: F.nll_loss(
+        torch.softmax(lg[:, :-1], -1).reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1)),
+        "expects log-probabilities"),
+    "3-D cross_entropy": (lambda lg, ids: F.cross_entropy(lg[:, :-1], ids[:, 1:]),
+                          "raised"),
+    "per-position losses": (lambda lg, ids: _flat(lg[:, :-1], ids[:, 1:], reduction="none"),
+                            "should have shape \\(\\)"),
+    "a list": (lambda lg, ids: [1.0], "should be a tensor"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_LOSS))
+def test_next_token_loss_rejects_wrong_answers(name):
+    fn, message = WRONG_LOSS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_next_token_loss(fn)
+
+
+# --------------------------------------------------------------------- 9.2 next_token_probs
+
+
+def probs_sort_scatter(logits, temperature=1.0, top_k=None, top_p=None):
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        keep_sorted = before < top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        probs = probs * keep
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def probs_loops(logits, temperature=1.0, top_k=None, top_p=None):
+    out = torch.zeros_like(logits)
+    for b in range(logits.shape[0]):
+        row = [float(x) / temperature for x in logits[b]]
+        ranked = sorted(range(len(row)), key=lambda i: -row[i])
+        kept = ranked if top_k is None else ranked[:top_k]
+        z = sum(math.exp(row[i]) for i in kept)
+        if top_p is not None:
+            chosen, mass = [], 0.0
+            for i in kept:
+                chosen.append(i)
+                mass += math.exp(row[i]) / z
+                if mass >= top_p:
+                    break
+            kept = chosen
+        total = sum(math.exp(row[i]) for i in kept)
+        for i in kept:
+            out[b, i] = math.exp(row[i]) / total
+    return out
+
+
+def probs_power(logits, temperature=1.0, top_k=None, top_p=None):
+    """Raising softmax probabilities to 1/T and renormalising equals softmax(logits / T)."""
+    probs = torch.softmax(logits, -1) ** (1.0 / temperature)
+    probs = probs / probs.sum(-1, keepdim=True)
+    if top_k is not None:
+        kth = torch.topk(probs, top_k, -1).values[:, -1:]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(-1, keepdim=True)
+    if top_p is not None:
+        sorted_probs, order = probs.sort(-1, descending=True)
+        cumulative = sorted_probs.cumsum(-1)
+        remove = cumulative > top_p
+        remove[:, 1:] = remove[:, :-1].clone()  # shift right: keep the token crossing p
+        remove[:, 0] = False
+        probs = probs.masked_fill(remove.scatter(-1, order, remove), 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+@pytest.mark.parametrize("fn", [probs_sort_scatter, probs_loops, probs_power])
+def test_next_token_probs_accepts_correct_answers(fn, capsys):
+    check_next_token_probs(fn)
+    assert "next_token_probs is correct" in capsys.readouterr().out
+
+
+def test_the_top_p_cases_stay_clear_of_rounding_ties():
+    for case in _probs_cases():
+        top_p = case.kwargs["top_p"]
+        if top_p is None or top_p >= 1:
+            continue
+        probs = torch.softmax(case.args[0] / case.kwargs["temperature"], -1)
+        sorted_probs = probs.sort(-1, descending=True).values
+        before = sorted_probs.cumsum(-1) - sorted_probs
+        assert ((before - top_p).abs() > 1e-3).all(), case.name
+
+
+def _top_p_exclusive(logits, temperature=1.0, top_k=None, top_p=None):
+    probs = probs_sort_scatter(logits, temperature, top_k, None)
+    if top_p is None:
+        return probs
+    sorted_probs, order = probs.sort(-1, descending=True)
+    keep = sorted_probs.cumsum(-1) <= top_p
+    keep[:, 0] = True
+    probs = probs * torch.zeros_like(keep).scatter(-1, order, keep)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _top_p_unnormalised(logits, temperature=1.0, top_k=None, top_p=None):
+    kept = probs_sort_scatter(logits, temperature, top_k, top_p) > 0
+    return torch.softmax(logits / temperature, -1) * kept
+
+
+WRONG_PROBS = {
+    "softmax before temperature": (
+        lambda logits, temperature=1.0, top_k=None, top_p=None: probs_sort_scatter(
+            logits, 1.0, top_k, top_p), "temperature had no effect"),
+    "probabilities divided by T": (
+        lambda logits, temperature=1.0, top_k=None, top_p=None: torch.softmax(logits, -1)
+        / temperature, "divided the probabilities"),
+    "logits times T": (
+        lambda logits, temperature=1.0, top_k=None, top_p=None: probs_sort_scatter(
+            logits * temperature, 1.0, top_k, top_p), "multiplied the logits"),
+    "top-k keeps k + 1": (
+        lambda logits, temperature=1.0, top_k=None, top_p=None: probs_sort_scatter(
+            logits, temperature, None if top_k is None else min(top_k + 1, logits.shape[-1]),
+            top_p), "k \\+ 1 tokens"),
+    "top-p drops the crossing token": (_top_p_exclusive, "stops before the token"),
+    "not renormalised": (_top_p_unnormalised, "do not sum to 1"),
+    "top-p before top-k": (
+        lambda logits, temperature=1.0, top_k=None, top_p=None: _then_top_k(
+            probs_sort_scatter(logits, temperature, None, top_p), top_k),
+        "top-p before top-k"),
+    "unsorted cumsum": (
+        lambda logits, temperature=1.0, top_k=None, top_p=None: _unsorted(
+            logits, temperature, top_k, top_p), "vocabulary order"),
+    "logits returned": (lambda logits, temperature=1.0, top_k=None, top_p=None:
+                        logits / temperature, "wrong values"),
+}
+
+
+def _then_top_k(probs, top_k):
+    if top_k is None:
+        return probs
+    kth = torch.topk(probs, top_k, -1).values[:, -1:]
+    probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _unsorted(logits, temperature, top_k, top_p):
+    probs = probs_sort_scatter(logits, temperature, top_k, None)
+    if top_p is None:
+        return probs
+    before = probs.cumsum(-1) - probs
+    keep = before < top_p
+    probs = probs * keep
+    return probs / probs.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("name", list(WRONG_PROBS))
+def test_next_token_probs_rejects_wrong_answers(name):
+    fn, message = WRONG_PROBS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_next_token_probs(fn)
+
+
+# ----------------------------------------------------------------------- 9.3 greedy_decode
+
+
+def greedy_plain(model, src, bos_id, eos_id, max_new_tokens):
+    tgt = torch.full((src.shape[0], 1), bos_id)
+    done = torch.zeros(src.shape[0], dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            next_id = model(src, tgt).logits[:, -1].argmax(-1)
+        next_id[done] = eos_id
+        done = done | (next_id == eos_id)
+        tgt = torch.cat([tgt, next_id[:, None]], dim=1)
+        if done.all():
+            break
+    return tgt
+
+
+def greedy_lists(model, src, bos_id, eos_id, max_new_tokens):
+    """Python lists, one sequence tracked at a time for the end test."""
+    rows = [[bos_id] for _ in range(src.shape[0])]
+    for _ in range(max_new_tokens):
+        if all(eos_id in row[1:] for row in rows):
+            break
+        logits = model(src, torch.tensor(rows)).logits.detach()
+        for b, row in enumerate(rows):
+            row.append(eos_id if eos_id in row[1:] else int(logits[b, -1].argmax()))
+    return torch.tensor(rows)
+
+
+def greedy_library(model, src, bos_id, eos_id, max_new_tokens):
+    return model.generate(src, bos_id=bos_id, eos_id=eos_id, max_new_tokens=max_new_tokens)
+
+
+@pytest.mark.parametrize("fn", [greedy_plain, greedy_lists, greedy_library])
+def test_greedy_decode_accepts_correct_answers(fn, capsys):
+    check_greedy_decode(fn)
+    assert "greedy_decode is correct" in capsys.readouterr().out
+
+
+def _greedy_wrong(*, start=None, read=-1, history=True, stop="all", fill=True, keep_bos=True,
+                  extra=0):
+    def fn(model, src, bos_id, eos_id, max_new_tokens):
+        tgt = torch.full((src.shape[0], 1), bos_id if start is None else start)
+        done = torch.zeros(src.shape[0], dtype=torch.bool)
+        for _ in range(max_new_tokens + extra):
+            with torch.no_grad():
+                logits = model(src, tgt if history else tgt[:, -1:]).logits
+            next_id = logits[:, read].argmax(-1)
+            if fill:
+                next_id[done] = eos_id
+            done = done | (next_id == eos_id)
+            tgt = torch.cat([tgt, next_id[:, None]], dim=1)
+            if (stop == "all" and done.all()) or (stop == "any" and done.any()):
+                break
+        return tgt if keep_bos else tgt[:, 1:]
+    return fn
+
+
+WRONG_GREEDY = {
+    "no start token in the output": (_greedy_wrong(keep_bos=False), "leaves out the start"),
+    "starts from padding": (_greedy_wrong(start=0), "did not start from the start token"),
+    "first position's logits": (_greedy_wrong(read=0), "FIRST decoder position"),
+    "only the last token": (_greedy_wrong(history=False), "only the last token"),
+    "ignores eos": (_greedy_wrong(stop="never", fill=False), "ignores eos_id"),
+    "no eos filling": (_greedy_wrong(fill=False), "kept generating tokens after its eos_id"),
+    "stops at the first eos": (_greedy_wrong(stop="any"), "ONE sequence"),
+    "one step too many": (_greedy_wrong(extra=1), "one token too many"),
+    "one step too few": (_greedy_wrong(extra=-1), "one token too few"),
+    "float ids": (lambda *a: greedy_plain(*a).float(), "return token ids"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_GREEDY))
+def test_greedy_decode_rejects_wrong_answers(name):
+    fn, message = WRONG_GREEDY[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_greedy_decode(fn)
+
+
+def test_greedy_decode_leaves_the_random_stream_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    check_greedy_decode(greedy_plain)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# --------------------------------------------------------------------- 9.4 alignment_score
+
+
+def score_masks(weights, alignment):
+    scored = alignment != -100
+    return ((weights.argmax(-1) == alignment) & scored).sum().item() / scored.sum().item()
+
+
+def score_loop(weights, alignment):
+    w, a = weights.reshape(-1, weights.shape[-1]), alignment.reshape(-1)
+    hits = total = 0
+    for row, gold in zip(w, a.tolist(), strict=True):
+        if gold == -100:
+            continue
+        total += 1
+        hits += int(row.argmax()) == gold
+    return hits / total
+
+
+def score_tensor(weights, alignment):
+    keep = alignment != -100
+    return (weights.argmax(dim=-1)[keep] == alignment[keep]).float().mean()  # a 0-D tensor
+
+
+@pytest.mark.parametrize("fn", [score_masks, score_loop, score_tensor])
+def test_alignment_score_accepts_correct_answers(fn, capsys):
+    check_alignment_score(fn)
+    assert "alignment_score is correct" in capsys.readouterr().out
+
+
+def _gold_weight(w, a):
+    return w.gather(-1, a.clamp_min(0)[..., None])[..., 0]
+
+
+WRONG_SCORE = {
+    "count": (lambda w, a: int(((w.argmax(-1) == a) & (a != -100)).sum()), "SHARE"),
+    "all positions": (lambda w, a: float(((w.argmax(-1) == a) & (a != -100)).sum() / a.numel()),
+                      "including the ones without"),
+    "unscored count as hits": (lambda w, a: float(((w.argmax(-1) == a) | (a == -100))
+                                                  .float().mean()), "counted the positions"),
+    "argmin": (lambda w, a: score_masks(-w, a), "argmin"),
+    "wrong axis": (lambda w, a: score_masks(w.transpose(-2, -1), a), "over the target positions"),
+    "threshold": (lambda w, a: float(((_gold_weight(w, a) > 0.5) & (a != -100)).sum()
+                                     / (a != -100).sum()), "above 0.5"),
+    "soft score": (lambda w, a: float((_gold_weight(w, a) * (a != -100)).sum()
+                                      / (a != -100).sum()), "averaged the weight"),
+    "per-row scores": (lambda w, a: (w.argmax(-1) == a).float().mean(-1), "should be a number"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_SCORE))
+def test_alignment_score_rejects_wrong_answers(name):
+    fn, message = WRONG_SCORE[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_alignment_score(fn)
+
+
+# -------------------------------------------------------------------- 9.5 attend_with_cache
+
+
+def step_tril(q, k_new, v_new, k_cache, v_cache):
+    k_all = torch.cat([k_cache, k_new], dim=-2)
+    v_all = torch.cat([v_cache, v_new], dim=-2)
+    n_new, n_keys = q.shape[-2], k_all.shape[-2]
+    mask = torch.tril(torch.ones(n_new, n_keys, dtype=torch.bool), diagonal=n_keys - n_new)
+    scores = q @ k_all.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return weights @ v_all, k_all, v_all
+
+
+def step_sdpa(q, k_new, v_new, k_cache, v_cache):
+    from torch.nn.attention.bias import causal_lower_right
+
+    k_all = torch.cat([k_cache, k_new], dim=-2)
+    v_all = torch.cat([v_cache, v_new], dim=-2)
+    mask = causal_lower_right(q.shape[-2], k_all.shape[-2])
+    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask), k_all, v_all
+
+
+def step_positions(q, k_new, v_new, k_cache, v_cache):
+    past = k_cache.shape[-2]
+    k_all, v_all = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+    query_pos = past + torch.arange(q.shape[-2])
+    allowed = torch.arange(k_all.shape[-2])[None, :] <= query_pos[:, None]
+    out, _ = torch.nn.functional.scaled_dot_product_attention(
+        q, k_all, v_all, attn_mask=allowed), None
+    return out, k_all, v_all
+
+
+@pytest.mark.parametrize("fn", [step_tril, step_sdpa, step_positions])
+def test_attend_with_cache_accepts_correct_answers(fn, capsys):
+    check_attend_with_cache(fn)
+    assert "attend_with_cache is correct" in capsys.readouterr().out
+
+
+def _step_wrong(mask="lower", shift=0, order="old", use_new=True, scaled=True):
+    def fn(q, k_new, v_new, k_cache, v_cache):
+        pairs = [(k_cache, v_cache), (k_new, v_new)]
+        if order == "new":
+            pairs.reverse()
+        k_all = torch.cat([p[0] for p in pairs], -2)
+        v_all = torch.cat([p[1] for p in pairs], -2)
+        keys, values = (k_all, v_all) if use_new else (k_cache, v_cache)
+        t, s = q.shape[-2], keys.shape[-2]
+        ones = torch.ones(t, s, dtype=torch.bool)
+        if not use_new:  # the cached keys are all in the past: nothing to mask
+            return torch.softmax(q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1]),
+                                 -1) @ values, k_all, v_all
+        allowed = {"lower": torch.tril(ones, s - t + shift), "top_left": torch.tril(ones),
+                   "none": ones}[mask]
+        scale = 1 / math.sqrt(q.shape[-1]) if scaled else 1.0
+        scores = (q @ keys.transpose(-2, -1) * scale).masked_fill(~allowed, float("-inf"))
+        return torch.softmax(scores, -1) @ values, k_all, v_all
+    return fn
+
+
+def step_is_causal(q, k_new, v_new, k_cache, v_cache):
+    k_all, v_all = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+    return F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True), k_all, v_all
+
+
+WRONG_STEP = {
+    "is_causal=True (top-left)": (step_is_causal, "FIRST keys"),
+    "tril without diagonal": (_step_wrong(mask="top_left"), "FIRST keys"),
+    "misses itself": (_step_wrong(shift=-1), "misses its own key"),
+    "sees the next token": (_step_wrong(shift=1), "also sees the next new token"),
+    "no mask": (_step_wrong(mask="none"), "including the ones after them"),
+    "attends before appending": (_step_wrong(use_new=False), "only to the cached keys"),
+    "unscaled": (_step_wrong(scaled=False), "not scaled"),
+    "new keys first": (_step_wrong(order="new"), "new keys in front"),
+    "returns only out": (lambda *a: step_tril(*a)[0], "should return \\(out, k_all, v_all\\)"),
+    "concatenated on the feature axis": (
+        lambda q, kn, vn, kc, vc: (step_tril(q, kn, vn, kc, vc)[0], torch.cat([kc, kn], -1),
+                                   torch.cat([vc, vn], -1)), "dim=-2"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_STEP))
+def test_attend_with_cache_rejects_wrong_answers(name):
+    fn, message = WRONG_STEP[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_attend_with_cache(fn)
+
+
+def test_checks_do_not_touch_the_learners_inputs():
+    def in_place(q, k_new, v_new, k_cache, v_cache):
+        q /= 2
+        return step_tril(q * 2, k_new, v_new, k_cache, v_cache)
+
+    with pytest.raises(CheckFailure, match="changed its input 'q' in place"):
+        check_attend_with_cache(in_place)
