@@ -16,6 +16,7 @@ from course_lib.course.checks.ch02 import (
     check_attention_weights,
     check_is_permutation_equivariant,
     check_scaled_dot_product_attention,
+    check_scores_gradient,
     check_self_attention,
 )
 
@@ -241,7 +242,7 @@ def test_self_attention_stub_propagates():
         check_self_attention(_stub)
 
 
-# ----------------------------------------------------------- 2.3 scaled_dot_product_attention
+# ------------------------------ scaled_dot_product_attention (exercise 2.3 of the first edition)
 
 
 def sdpa_matmul(q, k, v):
@@ -322,6 +323,80 @@ def test_sdpa_stub_propagates():
     with pytest.raises(NotImplementedError):
         check_scaled_dot_product_attention(_stub)
 
+
+# --------------------------------------------------------------------------- 2.3 scores_gradient
+
+
+def gradient_formula(weights, v, grad_out):
+    grad_weights = grad_out @ v.transpose(-2, -1)  # (..., T, S)
+    return weights * (grad_weights - (weights * grad_weights).sum(-1, keepdim=True))
+
+
+def gradient_jacobian(weights, v, grad_out):
+    """Row by row: J = diag(p) - p p^T, then J @ g (J is symmetric)."""
+    jac = torch.diag_embed(weights) - weights[..., :, None] * weights[..., None, :]
+    grad_weights = torch.einsum("...td,...sd->...ts", grad_out, v)
+    return (jac @ grad_weights[..., None])[..., 0]
+
+
+def gradient_autograd(weights, v, grad_out):
+    """Let autograd do it: softmax(log p) = p."""
+    scores = weights.log().detach().requires_grad_(True)
+    out = torch.softmax(scores, dim=-1) @ v
+    out.backward(grad_out)
+    return scores.grad
+
+
+@pytest.mark.parametrize("fn", [gradient_formula, gradient_jacobian, gradient_autograd])
+def test_scores_gradient_accepts_correct_answers(fn, capsys):
+    check_scores_gradient(fn)
+    assert "scores_gradient is correct" in capsys.readouterr().out
+
+
+def _gw(w, v, g):
+    return g @ v.transpose(-2, -1)
+
+
+WRONG_GRADIENTS = {
+    "gradient of the weights": (_gw, "with respect to the weights"),
+    "transposed": (lambda w, v, g: v @ g.transpose(-2, -1), "transposed"),
+    "diagonal only": (lambda w, v, g: w * _gw(w, v, g), "only the diagonal"),
+    "plain sum": (lambda w, v, g: w * (_gw(w, v, g) - _gw(w, v, g).sum(-1, keepdim=True)),
+                  "plain sum"),
+    "sum over the queries": (
+        lambda w, v, g: w * (_gw(w, v, g) - (w * _gw(w, v, g)).sum(-2, keepdim=True)),
+        "over the keys"),
+    "not multiplied by p": (
+        lambda w, v, g: _gw(w, v, g) - (w * _gw(w, v, g)).sum(-1, keepdim=True),
+        "did not multiply by the weights"),
+    "v.T on a batch": (
+        lambda w, v, g: w * (g @ v.T - (w * (g @ v.T)).sum(-1, keepdim=True)),
+        "v.transpose"),
+    "an extra 1/sqrt(d)": (lambda w, v, g: gradient_formula(w, v, g) / math.sqrt(v.shape[-1]),
+                           "wrong values"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_GRADIENTS))
+def test_scores_gradient_rejects_misconceptions(name):
+    wrong, message = WRONG_GRADIENTS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_scores_gradient(wrong)
+
+
+def test_scores_gradient_rejects_changing_the_input_in_place():
+    def in_place(weights, v, grad_out):
+        grad_weights = grad_out @ v.transpose(-2, -1)
+        weights *= grad_weights - (weights * grad_weights).sum(-1, keepdim=True)
+        return weights
+
+    with pytest.raises(CheckFailure, match="in place"):
+        check_scores_gradient(in_place)
+
+
+def test_scores_gradient_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_scores_gradient(_stub)
 
 # ------------------------------------------------------------- 2.4 is_permutation_equivariant
 

@@ -4,10 +4,12 @@ mistake, accept every correct formulation, and let an unsolved stub fail as itse
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from course_lib import attention
 from course_lib.course.checks import CheckFailure
@@ -18,6 +20,7 @@ from course_lib.course.checks.ch05 import (
     check_causal_mask,
     check_masked_attention,
     check_padding_mask,
+    check_tiny_lm,
     check_who_sees_whom,
     feature_0_sees_next,
     off_by_one_layer,
@@ -469,3 +472,133 @@ def test_building_the_probed_layers_leaves_the_global_random_stream_alone():
     torch.manual_seed(123)
     ch05._probe_layers()
     assert torch.equal(torch.rand(3), expected)
+
+
+# ------------------------------------------------------------------ 5.5 the capstone language model
+
+
+class _LMParts(nn.Module):
+    """The layers of the capstone model; subclasses write forward in different ways."""
+
+    def __init__(self, vocab_size, d_model=64, max_len=64):
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model)
+        self.position = nn.Embedding(max_len, d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model))
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def embed(self, ids, positions=True):
+        x = self.token(ids)  # (B, T, D)
+        return x + self.position(torch.arange(ids.shape[1])) if positions else x
+
+    def finish(self, x, attended):
+        x = x + self.out(attended)
+        x = x + self.ffn(x)
+        return SimpleNamespace(logits=self.head(x), loss=None)
+
+    def attend(self, x, mask):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return attention.scaled_dot_product_attention(q, k, v, mask=mask)[0]
+
+
+class LMWithCourseFunctions(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        return self.finish(x, self.attend(x, attention.causal_mask(ids.shape[1])))
+
+
+class LMWithTorchAttention(_LMParts):
+    """is_causal=True in PyTorch's fused kernel, heads-free, einsum-free: another formulation."""
+
+    def forward(self, ids, targets=None):
+        x = self.token(ids) + self.position.weight[: ids.shape[1]]
+        q, k, v = self.qkv(x).split(x.shape[-1], dim=-1)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.finish(x, attended)
+
+
+class LMWithoutMask(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        return self.finish(x, self.attend(x, None))
+
+
+class LMMaskOffByOne(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        n = ids.shape[1]
+        return self.finish(x, self.attend(x, torch.tril(torch.ones(n, n, dtype=torch.bool), 1)))
+
+
+class LMOnlyItself(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        return self.finish(x, self.attend(x, torch.eye(ids.shape[1], dtype=torch.bool)))
+
+
+class LMWithoutPositions(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids, positions=False)
+        return self.finish(x, self.attend(x, attention.causal_mask(ids.shape[1])))
+
+
+class LMMixingTheBatch(_LMParts):
+    """Attends across the whole batch as one long sequence."""
+
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)  # (B, T, D)
+        flat = x.reshape(1, -1, x.shape[-1])  # (1, B*T, D)
+        attended = self.attend(flat, attention.causal_mask(flat.shape[1])).reshape(x.shape)
+        return self.finish(x, attended)
+
+
+class LMWithoutHead(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        return SimpleNamespace(logits=self.out(x), loss=None)  # forgot the read-out
+
+
+class LMStub(_LMParts):
+    def forward(self, ids, targets=None):
+        raise NotImplementedError("Exercise 5.5: write the body of forward")
+
+
+@pytest.mark.parametrize("model_class", [LMWithCourseFunctions, LMWithTorchAttention])
+def test_tiny_lm_accepts_correct_models(model_class, capsys):
+    check_tiny_lm(model_class)
+    assert "your language model is causal" in capsys.readouterr().out
+
+
+WRONG_LMS = {
+    LMWithoutMask: "leaks the future",
+    LMMaskOffByOne: "off by one",
+    LMOnlyItself: "does not depend on the token",
+    LMWithoutPositions: "does not see word order",
+    LMMixingTheBatch: "examples mix",
+    LMWithoutHead: r"logits has shape \(3, 10, 16\)",
+}
+
+
+@pytest.mark.parametrize("model_class", list(WRONG_LMS), ids=lambda c: c.__name__)
+def test_tiny_lm_rejects_misconceptions(model_class):
+    with pytest.raises(CheckFailure, match=WRONG_LMS[model_class]):
+        check_tiny_lm(model_class)
+
+
+def test_tiny_lm_stub_propagates_and_the_check_keeps_the_random_state():
+    before = torch.random.get_rng_state()
+    with pytest.raises(NotImplementedError, match="Exercise 5.5"):
+        check_tiny_lm(LMStub)
+    assert torch.equal(before, torch.random.get_rng_state())
+
+
+def test_tiny_lm_check_reports_a_class_it_cannot_build():
+    class NeedsMore(_LMParts):
+        def __init__(self, vocab_size, n_layers, d_model=64, max_len=64):
+            super().__init__(vocab_size, d_model, max_len)
+
+    with pytest.raises(CheckFailure, match="could not build the model"):
+        check_tiny_lm(NeedsMore)

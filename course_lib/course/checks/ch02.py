@@ -3,8 +3,11 @@
 Exercises and their checks:
     2.1 ``attention_weights(q, k)``              -> :func:`check_attention_weights`
     2.2 ``self_attention(X, W_q, W_k, W_v)``     -> :func:`check_self_attention`
-    2.3 ``scaled_dot_product_attention(q, k, v)`` -> :func:`check_scaled_dot_product_attention`
+    2.3 ``scores_gradient(weights, v, grad_out)`` -> :func:`check_scores_gradient`
     2.4 ``is_permutation_equivariant(f, X, perm)`` -> :func:`check_is_permutation_equivariant`
+
+:func:`check_scaled_dot_product_attention` checks a batched ``(out, weights)`` attention
+function (an earlier version of exercise 2.3), for anyone who writes one.
 
 Shape legend: T query length, S key length, d_in input size, d_k query/key size, d_v value size.
 Weight matrices use nn.Linear's (out, in) layout: W_q is (d_k, d_in) and Q = X @ W_q.T.
@@ -397,6 +400,121 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention_fn: Callable
 
     run_cases("scaled_dot_product_attention", scaled_dot_product_attention_fn,
               _sdpa_cases(seed=23), check_one)
+
+
+# --------------------------------------------------------------------------- exercise 2.3
+# The backward pass of attention, from the output to the scores: with A = softmax(S) and
+# out = A V, dL/dA = G V^T for G = dL/dout, and each row of dL/dS is J^T dL/dA with the
+# softmax Jacobian J = diag(p) - p p^T, i.e. p * (g - sum_j p_j g_j).
+
+
+def _reference_scores_gradient(weights: torch.Tensor, v: torch.Tensor,
+                               grad_out: torch.Tensor) -> torch.Tensor:
+    """dL/dS by autograd: recover scores whose softmax is ``weights`` and differentiate."""
+    scores = weights.double().clamp_min(1e-300).log().requires_grad_(True)  # softmax(log p) = p
+    with torch.enable_grad():
+        out = torch.softmax(scores, dim=-1) @ v.double()
+        (grad,) = torch.autograd.grad(out, scores, grad_out.double())
+    return grad.to(weights.dtype)
+
+
+GRADIENT_BATCH_HINT = (
+    "with leading batch dimensions, transpose only the last two dimensions of v, "
+    "v.transpose(-2, -1), and sum over the last dimension only"
+)
+
+
+def _grad_weights(weights, v, grad_out):
+    return grad_out @ v.transpose(-2, -1)  # (..., T, S): dL/dA
+
+
+def _scores_gradient_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def case(name, t, s, d_v, batch=(), *, scale=1.0, hint=GRADIENT_BATCH_HINT):
+        weights = torch.softmax(rand(gen, *batch, t, s, scale=scale), dim=-1)
+        return Case(name, (weights, rand(gen, *batch, s, d_v), rand(gen, *batch, t, d_v)),
+                    hint=hint)
+
+    return [
+        case("T=S=4, d_v=3", 4, 4, 3),
+        case("3 queries, 5 keys, d_v=2", 3, 5, 2),
+        case("T=S=d_v=5", 5, 5, 5),
+        case("batched, B=2, T=4, S=6, d_v=3", 4, 6, 3, (2,)),
+        case("batch and heads (2, 3), T=4, S=5, d_v=2", 4, 5, 2, (2, 3)),
+        case("one query, T=1, S=6", 1, 6, 4),
+        case("one key, S=1: the weight is always 1", 3, 1, 2),
+        case("saturated softmax (large scores)", 4, 6, 3, scale=20.0),
+    ]
+
+
+SCORES_GRADIENT_MISTAKES = [
+    Misconception(
+        _grad_weights,
+        "You returned the gradient with respect to the weights, dL/dA = grad_out @ v^T. The "
+        "scores reach the loss through the softmax, so the gradient still has to pass "
+        "backwards through it (its Jacobian)",
+    ),
+    Misconception(
+        lambda w, v, g: _grad_weights(w, v, g).transpose(-2, -1),
+        "Your result is transposed: dL/dA has one row per query and one column per key, "
+        "(..., T, S), like the weights; it is grad_out @ v^T, not v @ grad_out^T",
+    ),
+    Misconception(
+        lambda w, v, g: w * _grad_weights(w, v, g),
+        "You kept only the diagonal of the softmax Jacobian, p_i * g_i. Raising one score "
+        "also lowers every other weight of its row (the weights sum to 1), which is the "
+        "-p p^T part: subtract the weighted mean of the row, sum_j p_j g_j",
+    ),
+    Misconception(
+        lambda w, v, g: w * (_grad_weights(w, v, g)
+                             - _grad_weights(w, v, g).sum(-1, keepdim=True)),
+        "You subtracted the plain sum of the row's weight gradients; the Jacobian "
+        "diag(p) - p p^T subtracts the *weighted* sum, sum_j p_j g_j",
+    ),
+    Misconception(
+        lambda w, v, g: w * (_grad_weights(w, v, g)
+                             - (w * _grad_weights(w, v, g)).sum(-2, keepdim=True)),
+        "The weighted sum must run over the keys of each row (the last dimension, dim=-1), "
+        "not over the queries",
+    ),
+    Misconception(
+        lambda w, v, g: _grad_weights(w, v, g) - (w * _grad_weights(w, v, g)).sum(
+            -1, keepdim=True),
+        "You subtracted the weighted mean but did not multiply by the weights: the Jacobian "
+        "is diag(p) - p p^T, so each entry is p_i * (g_i - sum_j p_j g_j)",
+    ),
+]
+
+
+def _batched_gradient_shape(got: Any, expected: torch.Tensor) -> None:
+    if (isinstance(got, torch.Tensor) and expected.dim() > 2 and got.dim() >= 2
+            and got.shape[-2:] == expected.shape[-2:] and got.shape != expected.shape):
+        raise CheckFailure(
+            f"For batched inputs the gradient should have shape {tuple(expected.shape)}, got "
+            f"{tuple(got.shape)}. Transpose only the last two dimensions of v, "
+            "v.transpose(-2, -1) (v.T flips every dimension)"
+        )
+
+
+def check_scores_gradient(scores_gradient: Callable) -> None:
+    """Check ``scores_gradient(weights, v, grad_out)`` against autograd.
+
+    Args:
+        scores_gradient: the learner's function taking the attention weights
+            A = softmax(S) of shape (..., T, S), the values v (..., S, d_v) and the gradient
+            of the loss with respect to out = A v, grad_out (..., T, d_v), and returning the
+            gradient of the loss with respect to the scores S, shape (..., T, S).
+    """
+
+    def check_one(got, case: Case) -> None:
+        weights, v, grad_out = case.args
+        expected = _reference_scores_gradient(weights, v, grad_out)
+        _batched_gradient_shape(got, expected)
+        compare_tensors(got, expected, case, what="Your gradient with respect to the scores",
+                        misconceptions=SCORES_GRADIENT_MISTAKES)
+
+    run_cases("scores_gradient", scores_gradient, _scores_gradient_cases(seed=24), check_one)
 
 
 # --------------------------------------------------------------------------- exercise 2.4

@@ -1,5 +1,5 @@
-"""Checks for chapter 05, masking: the causal mask, masked attention, padding masks and a
-future-leak probe."""
+"""Checks for chapter 05, masking: the causal mask, masked attention, padding masks, a
+future-leak probe, and the capstone: a small causal language model assembled from them."""
 
 from __future__ import annotations
 
@@ -517,3 +517,115 @@ def check_who_sees_whom(who_sees_whom: Callable) -> None:
                         misconceptions=WHO_MISTAKES, atol=0.0, rtol=0.0)
 
     run_cases("who_sees_whom", who_sees_whom, _who_cases(seed=54), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5.5 (capstone): a causal self-attention language model
+# The learner's architecture is their own, so there is no reference output to compare with;
+# the check measures the properties every correct language model has instead.
+
+_LM_VOCAB, _LM_WIDTH, _LM_LEN = 11, 16, 12
+
+
+def _lm_output(model: torch.nn.Module, ids: torch.Tensor, what: str) -> torch.Tensor:
+    """Run the learner's model; return its logits or fail with a message about the output."""
+    try:
+        with torch.no_grad():
+            out = model(ids)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise CheckFailure(
+            f"your model raised {type(exc).__name__} on {what} (ids of shape "
+            f"{tuple(ids.shape)}):\n    {exc}"
+        ) from exc
+    logits = getattr(out, "logits", None)
+    expected = (*ids.shape, _LM_VOCAB)
+    if not isinstance(logits, torch.Tensor):
+        raise CheckFailure(f"model(ids).logits should be a tensor of shape {expected}, got "
+                           f"{describe(logits)}")
+    if tuple(logits.shape) != expected:
+        raise CheckFailure(
+            f"model(ids).logits has shape {tuple(logits.shape)} but should have shape "
+            f"{expected}: one score per vocabulary entry at every position (did you apply the "
+            "read-out layer, self.head, to every position?)"
+        )
+    if not torch.isfinite(logits).all():
+        raise CheckFailure(f"the logits contain NaN or inf on {what}: look at the masked "
+                           "attention (a fully masked row?) and at the causal mask")
+    return logits
+
+
+def _build_lm(model_class: Callable) -> torch.nn.Module:
+    if not callable(model_class):
+        raise CheckFailure(f"expected the model class, got {describe(model_class)}")
+    with torch.random.fork_rng(devices=[]):  # leave the learner's random state alone
+        torch.manual_seed(0)
+        try:
+            model = model_class(_LM_VOCAB, d_model=_LM_WIDTH, max_len=_LM_LEN)
+        except Exception as exc:
+            raise CheckFailure(
+                f"could not build the model with {getattr(model_class, '__name__', 'it')}"
+                f"(vocab_size={_LM_VOCAB}, d_model={_LM_WIDTH}, max_len={_LM_LEN}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    return model.eval()
+
+
+def _check_lm_causal(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    sees = reference_who_sees_whom(lambda x: _lm_output(model, x, "the probe's inputs"), ids,
+                                   vocab_size=_LM_VOCAB)  # (T, T)
+    future = torch.triu(torch.ones_like(sees), diagonal=1)
+    if (sees & future).any():
+        ahead = int(max(j - i for i, j in torch.nonzero(sees & future).tolist()))
+        extra = (" Only one position ahead: is the mask off by one (diagonal=1 instead of 0)?"
+                 if ahead == 1 else "")
+        raise CheckFailure(
+            f"your model leaks the future: the output at some position changes when a later "
+            f"token changes (up to {ahead} position(s) ahead). Pass causal_mask(T) to "
+            f"masked_attention so that position i attends only to positions j <= i.{extra}"
+        )
+    past = torch.tril(torch.ones_like(sees), diagonal=-1)
+    if (past & ~sees).any():
+        i, j = torch.nonzero(past & ~sees)[0].tolist()
+        raise CheckFailure(
+            f"the output at position {i} does not depend on the token at position {j}, which "
+            "it should be allowed to read: attend to every earlier position, not only to the "
+            "current one (is the mask the lower triangle, with the diagonal?)"
+        )
+
+
+def check_tiny_lm(model_class: Callable) -> None:
+    """Check the capstone language model's ``forward`` by its properties.
+
+    The class is built as ``model_class(vocab_size, d_model=16, max_len=12)`` and must return
+    an output whose ``.logits`` has shape (B, T, vocab_size). Checked: the shape, that no
+    output depends on a later token and every output depends on every earlier one, that word
+    order matters (positions are used), and that the examples of a batch do not mix.
+    """
+    model = _build_lm(model_class)
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(_LM_VOCAB, (3, 10), generator=gen)  # (B, T)
+    logits = _lm_output(model, ids, "a batch of 3 sequences of 10 tokens")
+    alone = _lm_output(model, ids[1:2], "one sequence of the batch on its own")
+    if not torch.allclose(alone[0], logits[1], atol=1e-5, rtol=1e-4):
+        raise CheckFailure(
+            "the output for a sequence changes when other sequences are in the batch: the "
+            "examples mix. Attention must run within each sequence (over the last two "
+            "dimensions), never across the batch dimension"
+        )
+    _lm_output(model, ids[:, :1], "sequences of a single token")
+    _check_lm_causal(model, ids[:1])
+    swapped = ids.clone()
+    swapped[:, 0], swapped[:, 1] = ids[:, 1], ids[:, 0]
+    differ = ids[:, 0] != ids[:, 1]  # (B,): examples where the swap changes something
+    last = _lm_output(model, swapped, "the batch with its first two tokens swapped")[:, -1]
+    if differ.any() and torch.allclose(last[differ], logits[differ, -1], atol=1e-5, rtol=1e-4):
+        raise CheckFailure(
+            "swapping the first two tokens leaves the last output unchanged: your model does "
+            "not see word order. Add the position embeddings, self.position(positions), to "
+            "the token embeddings before the attention"
+        )
+    print("\u2705 your language model is causal, reads every earlier token, uses word order "
+          "and keeps the examples of a batch apart (probed with random weights, a batch of 3 "
+          "sequences of 10 tokens)")
