@@ -216,6 +216,18 @@ def _text_widget_responds(page, stem: str) -> None:
     box.screenshot(path=str(SCREENSHOTS / f"{stem}-text-widget-changed.png"))
 
 
+def _shut_down_kernels(lab) -> None:
+    """Stop the kernels of the notebooks already tested: an idle kernel still costs CPU time
+    (its heartbeat and widget traffic), which the next notebook's kernel needs."""
+    api = f"{lab['base']}/api/sessions"
+    with urllib.request.urlopen(f"{api}?token={lab['token']}", timeout=10) as response:
+        sessions = json.load(response)
+    for session in sessions:
+        request = urllib.request.Request(f"{api}/{session['id']}?token={lab['token']}",
+                                         method="DELETE")
+        urllib.request.urlopen(request, timeout=30).close()
+
+
 @pytest.mark.parametrize("path", LECTURES, ids=[p.stem for p in LECTURES])
 def test_lecture_runs_in_jupyterlab(lab, browser, path):
     nb = nbformat.read(path, as_version=4)
@@ -260,6 +272,7 @@ def test_lecture_runs_in_jupyterlab(lab, browser, path):
         time.sleep(2)
     finally:
         page.close()
+        _shut_down_kernels(lab)
 
     saved = nbformat.read(lab["root"] / path.name, as_version=4)
     errors = [
