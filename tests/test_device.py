@@ -1,47 +1,62 @@
-"""best_time: the warm-up call, the minimum over measurements, the average within one."""
+"""best_time: the warm-up call, the minimum over measurements, the average within one.
+
+The timing tests run on a fake clock that each call advances by a planned duration, so they
+assert exact results and do not depend on how busy the machine is."""
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import course_lib.device as device_module
 from course_lib.device import available_devices, best_time, num_threads, synchronize
 
 
-class SleepThenCount:
-    """A callable that sleeps the next duration from a list and counts its calls."""
+class FakeClockCalls:
+    """A callable that "takes" the next duration from a list on a fake clock and counts its
+    calls; install the clock with ``monkeypatch.setattr(device_module, "time", calls.clock)``."""
 
     def __init__(self, durations):
         self.durations = list(durations)
         self.calls = 0
+        self.now = 0.0
+        self.clock = SimpleNamespace(perf_counter=lambda: self.now)
 
     def __call__(self):
-        time.sleep(self.durations[self.calls % len(self.durations)])
+        self.now += self.durations[self.calls % len(self.durations)]
         self.calls += 1
 
 
-def test_calls_once_untimed_then_repeat_times_number():
-    fn = SleepThenCount([0.0])
+@pytest.fixture
+def timed(monkeypatch):
+    def make(durations):
+        calls = FakeClockCalls(durations)
+        monkeypatch.setattr(device_module, "time", calls.clock)
+        return calls
+    return make
+
+
+def test_calls_once_untimed_then_repeat_times_number(timed):
+    fn = timed([0.0])
     best_time(fn, repeat=4, number=3)
     assert fn.calls == 1 + 4 * 3
 
 
-def test_the_untimed_first_call_is_left_out():
-    fn = SleepThenCount([0.2, 0.01, 0.01, 0.01])  # a slow first call, as with lazy set-up
-    assert best_time(fn, repeat=3) < 0.1
+def test_the_untimed_first_call_is_left_out(timed):
+    fn = timed([0.2, 0.01, 0.03, 0.02])  # a slow first call, as with lazy set-up
+    assert best_time(fn, repeat=3) == pytest.approx(0.01)
 
 
-def test_takes_the_fastest_measurement():
-    fn = SleepThenCount([0.0, 0.06, 0.02, 0.09])  # warm-up, then three measurements
-    seconds = best_time(fn, repeat=3)
-    assert 0.02 <= seconds < 0.05
+def test_takes_the_fastest_measurement(timed):
+    fn = timed([0.0, 0.06, 0.02, 0.09])  # warm-up, then three measurements
+    assert best_time(fn, repeat=3) == pytest.approx(0.02)
 
 
-def test_averages_the_calls_of_one_measurement():
-    seconds = best_time(SleepThenCount([0.01]), repeat=2, number=4)
-    assert 0.01 <= seconds < 0.03  # seconds per call, not per measurement of 4 calls
+def test_averages_the_calls_of_one_measurement(timed):
+    fn = timed([0.5, 0.01, 0.03, 0.01, 0.03, 0.02, 0.02, 0.02, 0.02])  # warm-up, 2 x 4 calls
+    assert best_time(fn, repeat=2, number=4) == pytest.approx(0.02)  # per call, not per 4
 
 
 @pytest.mark.parametrize("device", available_devices(), ids=str)

@@ -177,7 +177,7 @@ def graded_folder(tmp_path_factory):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, "-m", "course_lib.course.grade", str(learner), str(sol_dir), "--json",
-         "--timeout", "8"],
+         "--timeout", "20"],
         capture_output=True, text=True, env=env, timeout=240,
     )
     after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in learner.iterdir()}
