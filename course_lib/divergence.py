@@ -24,8 +24,10 @@ Shape legend: B batch, T tokens, D d_model, F feed-forward width.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
+import inspect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from ._validate import (
     require_bool_mask,
     require_callable,
     require_choice,
+    require_finite,
     require_non_negative_number,
     shape_of,
 )
@@ -86,6 +89,9 @@ HINTS = {
                          "(out_features, in_features) and so do checkpoints; copy it as it is",
     "weights": "the module got the same input but holds other parameters: {detail}. A tensor "
                "was loaded into the wrong place, or not loaded at all",
+    "non_finite": "the candidate's output holds NaN or inf where the reference's is finite: "
+                  "{detail}. NaN compares unequal to everything, so nothing after this module "
+                  "can be compared; fix this first",
     "unknown": "{detail}",
 }
 
@@ -204,12 +210,19 @@ class _Compare:
         if c.numel() != r.numel():
             return float("inf"), self.atol
         scale = float(r.pow(2).mean().sqrt()) if r.numel() else 0.0  # RMS: outliers aside
-        diff = float((c.reshape(r.shape) - r).abs().max()) if r.numel() else 0.0
+        inf = float("inf")  # NaN counts as an infinite difference: it never agrees
+        diff = float((c.reshape(r.shape) - r).abs().nan_to_num(nan=inf, posinf=inf).max()) \
+            if r.numel() else 0.0
         return diff, self.atol + self.rtol * scale
 
     def same(self, candidate: Any, reference: Any) -> bool:
         diff, tol = self.gap(candidate, reference)
         return diff <= tol
+
+    def finite(self, t: Any) -> bool:
+        """Whether t holds no NaN or inf at the compared (real-token) positions."""
+        return not isinstance(t, torch.Tensor) or not t.is_floating_point() \
+            or bool(torch.isfinite(self._flat(t)).all())
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,7 +238,8 @@ class Divergence:
         difference: the largest absolute difference of their outputs (real tokens only).
         tolerance: what was allowed.
         input_agreed: whether the two modules got the same input (None: not comparable).
-        cause: one of :data:`MISTAKES`' names, ``"weights"`` or ``"unknown"``.
+        cause: one of :data:`MISTAKES`' names, ``"weights"``, ``"non_finite"`` (the
+            candidate's output holds NaN or inf) or ``"unknown"``.
         hint: what probably went wrong, in words.
     """
 
@@ -316,16 +330,20 @@ def first_divergence(
 
     Raises:
         ValueError: a model is in training mode with dropout (its outputs are random: call
-            ``.eval()`` on both), or ``pairs`` names modules the reference does not have.
+            ``.eval()`` on both), ``pairs`` names modules the reference does not have,
+            ``attention_mask`` does not fit the outputs, a model's input or a reference
+            module's output holds NaN or inf, or nothing could be compared (a run function
+            that does not call the model it is given, no pairs that both models ran).
     """
+    cand_run_name = "run_reference" if run_candidate is None else "run_candidate"
     run_candidate = _check_locator_args(reference, candidate, run_reference, run_candidate,
                                         pairs, attention_mask, atol, rtol)
     compare = _Compare(attention_mask, atol, rtol)
-    with torch.no_grad(), record_calls(
-            reference, None if pairs is None else set(pairs.values())) as ref_calls:
-        run_reference(reference)
-    with torch.no_grad(), record_calls(candidate) as cand_calls:
-        run_candidate(candidate)
+    ref_calls = _run_recorded(reference, "reference", run_reference, "run_reference",
+                              None if pairs is None else set(pairs.values()))
+    cand_calls = _run_recorded(candidate, "candidate", run_candidate, cand_run_name, None)
+    if attention_mask is not None:
+        _require_mask_fits(attention_mask, ref_calls)
     cand_modules = dict(candidate.named_modules())
     if pairs is None:  # shared names, leaving out modules that compute nothing in eval mode
         pairs = {name: name for name in ref_calls if name in cand_modules
@@ -339,13 +357,93 @@ def first_divergence(
         cand_name = by_reference.get(ref_name)
         if cand_name not in cand_calls:
             continue
+        if not compare.finite(ref_calls[ref_name].out):  # the reference must be right
+            also = "too" if not compare.finite(cand_calls[cand_name].out) else "not"
+            raise ValueError(
+                f"the reference's {ref_name} outputs NaN or inf (the candidate's {cand_name} "
+                f"{also}): {_nan_source(reference, ref_name, ref_calls[ref_name], compare)}. "
+                "The reference must compute finite numbers to be compared against")
         diff, tol = compare.gap(cand_calls[cand_name].out, ref_calls[ref_name].out)
         compared.append((cand_name, ref_name, diff))
         if diff > tol:
             scene = _Scene(reference, candidate, ref_calls, cand_calls, compare,
                            compared, unmatched, cand_name, ref_name, run_candidate)
             return DivergenceReport(compared, scene.divergence(diff, tol), unmatched)
+    if not compared:
+        raise ValueError(
+            "nothing was compared: no module that ran in the candidate is paired with one that "
+            "ran in the reference, so there is nothing to agree on. This usually happens when "
+            "the two models name their modules differently (pass pairs={candidate name: "
+            "reference name}; course_lib.pretrained.bert_module_pairs() gives BERT's) or when "
+            "a model has no submodules (the locator compares submodules)"
+        )
     return DivergenceReport(compared, None, unmatched)
+
+
+@contextlib.contextmanager
+def _first_call(model: nn.Module) -> Iterator[list]:
+    """Catch ``(module, args, kwargs)`` of the first module of ``model`` that starts running:
+    the call the run function made, with the model's input."""
+    first: list = []
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not first:
+            first.append((module, args, kwargs))
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules()]
+    try:
+        yield first
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _run_recorded(model: nn.Module, role: str, run: Callable, run_name: str,
+                  names: set[str] | None) -> dict[str, Call]:
+    """Run ``run(model)`` recording its submodules' calls; refuse a run that never calls the
+    model, and an input that holds NaN or inf (nothing could be concluded from it)."""
+    with torch.no_grad(), _first_call(model) as first, record_calls(model, names) as calls:
+        run(model)
+    if not first:
+        raise ValueError(
+            f"nothing was compared: {run_name} never called the {role} "
+            f"({type(model).__name__}) it was given, so no module of it ran. This usually "
+            f"happens when {run_name} runs another model than its argument, e.g. lambda m: "
+            "model(ids) instead of lambda m: m(ids)"
+        )
+    module, args, kwargs = first[0]
+    params = list(inspect.signature(module.forward).parameters)
+    for arg, value in [*zip(params, args, strict=False), *kwargs.items()]:
+        if isinstance(value, torch.Tensor):  # the input: the first tensor, as in Call.input
+            require_finite(f"{arg} (the input that {run_name} gives the {role})", value,
+                           "the locator compares outputs, and NaN compares unequal to "
+                           "everything, so it could conclude nothing")
+            break
+    return calls
+
+
+def _require_mask_fits(attention_mask: torch.Tensor, ref_calls: dict[str, Call]) -> None:
+    """attention_mask must be (B, T) of the outputs, or it would silently be ignored."""
+    sizes = collections.Counter(tuple(c.out.shape[:2]) for c in ref_calls.values()
+                                if isinstance(c.out, torch.Tensor) and c.out.dim() >= 2)
+    if sizes and tuple(attention_mask.shape) not in sizes:
+        expected = sizes.most_common(1)[0][0]
+        raise ValueError(
+            f"attention_mask has shape {shape_of(attention_mask)}, but the reference's outputs "
+            f"are (B, T, ...) with (B, T) = {expected}: expected attention_mask of shape "
+            f"{expected}, True for the real tokens of the batch the models ran on"
+        )
+
+
+def _nan_source(model: nn.Module, name: str, call: Call, compare: _Compare) -> str:
+    """Where a module's NaN or inf output comes from: its input, a parameter, or the module."""
+    if not compare.finite(call.input):
+        return "its input already holds NaN or inf (computed between the hooked modules)"
+    for param, value in model.get_submodule(name).named_parameters():
+        if not bool(torch.isfinite(value).all()):
+            return f"its parameter {name}.{param} holds NaN or inf (a weight not loaded?)"
+    return ("its input and parameters are finite, so the module itself produced them (an "
+            "overflow, a division by zero, a fully masked row?)")
 
 
 def _computes_nothing(module: nn.Module) -> bool:
@@ -388,6 +486,9 @@ def _check_locator_args(
         if attention_mask.dim() != 2:
             raise ValueError(f"attention_mask should have shape (B, T), got "
                              f"{shape_of(attention_mask)}")
+        if not bool(attention_mask.any()):
+            raise ValueError(f"attention_mask (shape {shape_of(attention_mask)}) has no True "
+                             "entry, so no token would be compared: True marks the real tokens")
     require_non_negative_number("atol", atol)
     require_non_negative_number("rtol", rtol)
     return run_reference if run_candidate is None else run_candidate
@@ -477,6 +578,10 @@ class _Scene:
                           HINTS[cause].format(detail=detail))
 
     def diagnose(self, input_agreed: bool | None) -> tuple[str, str]:
+        call = self.cand_calls[self.cand_name]
+        if not self.compare.finite(call.out):
+            return "non_finite", _nan_source(self.candidate, self.cand_name, call,
+                                             self.compare)
         suspects = [_eps_suspect, _activation_suspect, _token_type_suspect]
         suspects += [_linear_suspect] if input_agreed else [_norm_order_suspect,
                                                             _attention_layout_suspect]

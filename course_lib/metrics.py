@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import require_tensor, shape_of
+from ._validate import (
+    require_finite,
+    require_integer_tensor,
+    require_ndim,
+    require_tensor,
+    shape_of,
+)
 from .tokenizer import IGNORE_INDEX
 
 
-def _require_same_shape(predictions: torch.Tensor, targets: torch.Tensor) -> None:
+def _check_scored(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Check two integer tensors of one shape; return the scored positions (targets != -100),
+    refusing when there is none (an accuracy of nothing is no accuracy)."""
     require_tensor("predictions", predictions)
     require_tensor("targets", targets)
     if predictions.shape != targets.shape:
@@ -17,6 +25,13 @@ def _require_same_shape(predictions: torch.Tensor, targets: torch.Tensor) -> Non
             f"predictions has shape {shape_of(predictions)} but targets has shape "
             f"{shape_of(targets)}; they must match"
         )
+    require_integer_tensor("predictions", predictions, "predicted token ids")
+    require_integer_tensor("targets", targets, "target token ids")
+    scored = targets != IGNORE_INDEX
+    if not scored.any():
+        raise ValueError(f"targets (shape {shape_of(targets)}) has no scored position: it is "
+                         f"empty or every entry is {IGNORE_INDEX}, so there is nothing to score")
+    return scored
 
 
 def token_accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> float:
@@ -26,25 +41,24 @@ def token_accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> float:
         predictions: predicted ids (e.g. ``logits.argmax(-1)``), any shape.
         targets: the same shape, with -100 where nothing is predicted.
     """
-    _require_same_shape(predictions, targets)
-    scored = targets != IGNORE_INDEX
-    if not scored.any():
-        raise ValueError("targets has no scored position (every entry is -100)")
+    scored = _check_scored(predictions, targets)
     correct = (predictions == targets) & scored
     return float(correct.sum() / scored.sum())
 
 
 def sequence_accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> float:
     """Share of sequences whose every target position (targets != -100) is predicted right.
+    A sequence with no scored position is left out (there is nothing to judge in it).
 
     Args:
         predictions: (N, T) predicted ids (e.g. ``logits.argmax(-1)``).
         targets: (N, T) with -100 where nothing is predicted.
     """
-    _require_same_shape(predictions, targets)
-    scored = targets != IGNORE_INDEX
-    correct = (predictions == targets) | ~scored
-    return float(correct.all(dim=1).float().mean())
+    require_ndim("targets", targets, (2,), "(N, T): one row per sequence")
+    scored = _check_scored(predictions, targets)  # (N, T)
+    judged = scored.any(dim=1)  # (N,) sequences with something to score
+    correct = ((predictions == targets) | ~scored).all(dim=1) & judged  # (N,)
+    return float(correct.sum() / judged.sum())
 
 
 def alignment_score(weights: torch.Tensor, alignment: torch.Tensor) -> float:
@@ -63,6 +77,7 @@ def alignment_score(weights: torch.Tensor, alignment: torch.Tensor) -> float:
     """
     require_tensor("weights", weights)
     require_tensor("alignment", alignment)
+    require_finite("weights", weights, "the argmax of a row holding NaN is meaningless")
     if weights.dim() < 2 or alignment.shape != weights.shape[:-1]:
         raise ValueError(
             f"weights has shape {shape_of(weights)} and alignment {shape_of(alignment)}: "

@@ -125,6 +125,9 @@ def _run(fn: Probed, x: torch.Tensor) -> torch.Tensor:
             f"fn returned shape {shape_of(out)} for an input of shape {shape_of(x)}; it must "
             f"return one output per position, shape (B, T, ...) = {tuple(x.shape[:2])} + (...)"
         )
+    if out.numel() == 0:
+        raise ValueError(f"fn returned shape {shape_of(out)}, with no values: there is no output "
+                         "to watch, so nothing could be measured")
     return out.detach().reshape(x.shape[0], x.shape[1], -1).cpu().double()  # (B, T, F)
 
 
@@ -145,8 +148,7 @@ def _require_finite_output(base: torch.Tensor) -> None:
 def _largest_change(out: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """(B, T): the largest |out - base| over the features; a NaN or inf in out counts as an
     infinite change (the output did move, and NaN compares unequal to everything)."""
-    diff = (out - base).abs()  # (B, T, F)
-    diff = diff.amax(-1) if diff.shape[-1] else diff.sum(-1)  # (B, T)
+    diff = (out - base).abs().amax(-1)  # (B, T)
     return torch.nan_to_num(diff, nan=float("inf"))
 
 
@@ -189,8 +191,7 @@ def _changes(
             for j in range(seq_len):
                 out = _run(fn, _perturbed(x, j, is_ids, vocab_size, gen))  # (B, T, F)
                 change[:, :, j] = torch.maximum(change[:, :, j], _largest_change(out, base))
-    size = base.abs()
-    size = size.amax(-1) if size.shape[-1] else size.sum(-1)  # (B, T)
+    size = base.abs().amax(-1)  # (B, T)
     return change, size, noise
 
 
@@ -425,14 +426,20 @@ def ablate_heads(
     Yields:
         The same layer, for ``with ablate_heads(layer, [0, 2]) as layer: ...``.
 
+    Raises:
+        ValueError: for bad arguments, or, when the block ends, if the layer never ran inside
+            it (nothing was ablated, so nothing was measured).
+
     Example:
         >>> with ablate_heads(model.attn, 1):
         ...     loss_without_head_1 = evaluate(model)
     """
     chosen = _check_heads_to_ablate(attention, heads)
     d_head = attention.d_head
+    ran = []  # filled when the layer runs inside the block
 
     def zero_chosen_heads(module: nn.Module, args: tuple) -> tuple:
+        ran.append(True)
         concat = args[0]  # (B, T, D): the heads' outputs side by side
         drop = torch.zeros(concat.shape[-1], dtype=torch.bool, device=concat.device)  # (D,)
         for head in chosen:
@@ -444,6 +451,12 @@ def ablate_heads(
         yield attention
     finally:
         handle.remove()
+    if not ran:  # (not reached after an error inside the block)
+        raise ValueError(
+            "the with block never ran attention (the layer given to ablate_heads), so no head "
+            "was switched off and whatever it measured is the unchanged model: run the model "
+            "that holds this very layer inside the block (not a copy of it)"
+        )
 
 
 def layer_grad_norms(layers: Iterable[nn.Module]) -> torch.Tensor:
@@ -452,7 +465,7 @@ def layer_grad_norms(layers: Iterable[nn.Module]) -> torch.Tensor:
 
     Entry l is the L2 norm of all of layer l's parameter gradients together,
     sqrt(sum over its parameters p of ||p.grad||^2). A parameter whose ``.grad`` is None (the
-    loss did not depend on it) counts as 0. NaN or inf gradients give NaN or inf entries.
+    loss did not depend on it) counts as 0. NaN or inf gradients are refused.
 
     The squares are summed in float64: squaring a float32 entry below about 1e-23 underflows
     to 0, so a float32 sum would report a tiny gradient (as deep in a plain stack) as exactly
@@ -471,15 +484,20 @@ def layer_grad_norms(layers: Iterable[nn.Module]) -> torch.Tensor:
         (L,) float32 on the CPU.
 
     Raises:
-        ValueError: no layers, a layer without parameters, or no gradient at all (call
-            ``loss.backward()`` first).
+        ValueError: no layers, a layer without parameters, no gradient at all (call
+            ``loss.backward()`` first), or a NaN or inf gradient (naming the layer and the
+            parameter).
     """
     layers = _check_layers(layers)
     norms, any_grad = [], False
-    for layer in layers:
-        grads = [p.grad for p in layer.parameters() if p.grad is not None]
+    for i, layer in enumerate(layers):
+        grads = {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}
         any_grad = any_grad or bool(grads)
-        squares = [_sum_of_squares(g) for g in grads]  # float64 on the CPU, one per parameter
+        for name, grad in grads.items():
+            require_finite(f"layers[{i}].{name}.grad", grad, "a norm of NaN or inf says nothing "
+                           "about the learning signal; was the loss NaN or inf (check "
+                           "torch.isfinite(loss) before backward()), or did it overflow?")
+        squares = [_sum_of_squares(g) for g in grads.values()]  # float64 on the CPU
         norms.append(torch.stack(squares).sum().sqrt().float() if squares else torch.tensor(0.0))
     if not any_grad:
         raise ValueError(
@@ -563,6 +581,11 @@ class HeadRoles:
             raise ValueError(f"role must be one of {', '.join(map(repr, HEAD_ROLES))}, "
                              f"got {role!r}")
         score = self.scores[role]  # (L, H)
+        if not bool(torch.isfinite(score).all()):  # NaN would rank first
+            raise ValueError(
+                f"the scores for role {role!r} hold NaN (n_queries[{role!r}] = "
+                f"{self.n_queries[role]}: no query token had this role, e.g. no repeated word "
+                "for 'same word'), so there is nothing to rank; give more sentences")
         best = score.flatten().topk(min(require_positive_int("k", k), score.numel()))
         n_heads = score.shape[1]
         return [(int(i) // n_heads, int(i) % n_heads, float(v))
@@ -595,6 +618,10 @@ def head_role_scores(
     Returns:
         A :class:`HeadRoles`: (L, H) scores per role, the even-spread baselines, the number
         of queries, and the repeated words counted.
+
+    Raises:
+        ValueError: for bad arguments, NaN or inf weights at real tokens (naming the layer
+            and head), or no word token at all (nothing to score).
     """
     stack, tokens, stop = _check_role_inputs(attentions, tokens, stop_words)  # (L, B, H, T, T)
     n_layers, _, n_heads = stack.shape[:3]
@@ -685,5 +712,25 @@ def _check_role_inputs(
     if isinstance(stop_words, str) or not isinstance(stop_words, Iterable) \
             or not all(isinstance(w, str) for w in stop_words):
         raise WrongTypeError("stop_words must be a collection of words (strings)")
-    return stack.detach().cpu(), [list(s) for s in tokens], frozenset(
-        w.lower() for w in stop_words)
+    stack = stack.detach().cpu()
+    _require_scoreable(stack, tokens)
+    return stack, [list(s) for s in tokens], frozenset(w.lower() for w in stop_words)
+
+
+def _require_scoreable(stack: torch.Tensor, tokens: list) -> None:
+    """Refuse weights with no layer, head or word token to score, or NaN / inf at real tokens
+    (a NaN head would rank first)."""
+    if stack.shape[0] == 0 or stack.shape[2] == 0 or not any(len(s) >= 3 for s in tokens):
+        raise ValueError(
+            f"nothing to score: attentions has shape {shape_of(stack)} (L layers, H heads) and "
+            f"tokens has {sum(len(s) >= 3 for s in tokens)} sequences with a word token "
+            "([CLS] w ... [SEP], 3 tokens or more); give at least one layer, head and word")
+    for b, sentence in enumerate(tokens):
+        n = len(sentence)
+        bad = ~torch.isfinite(stack[:, b, :, :n, :n]).flatten(2).all(-1)  # (L, H)
+        if bool(bad.any()):
+            layer, head = (int(i) for i in torch.nonzero(bad)[0])
+            raise ValueError(
+                f"attentions holds NaN or inf for layer {layer}, head {head} (sequence {b}, "
+                "at real tokens): its scores would be NaN, and NaN cannot be ranked; find "
+                "where it comes from first (a fully masked row? an overflow?)")
