@@ -25,7 +25,7 @@ import contextlib
 import contextvars
 import math
 import numbers
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -168,8 +168,9 @@ def require_bool_mask(name: str, mask: object) -> torch.Tensor:
         hint = ""
         if torch.is_floating_point(mask):
             hint = (
-                ". An additive float mask of 0 / -inf is a bias, not a mask: pass it as bias=..., "
-                f"or turn it into a boolean mask with ({name} == 0)"
+                f". A 0/1 float mask becomes a boolean one with {name}.bool(); an additive mask "
+                f"of 0 / -inf is a bias, not a mask: pass it as bias=..., or turn it into a "
+                f"boolean mask with ({name} == 0)"
             )
         raise ValueError(
             f"{name} must be a boolean tensor where True means 'may attend', got dtype "
@@ -244,19 +245,22 @@ def require_non_negative_int(name: str, value: object) -> int:
     return require_int(name, value, minimum=0)
 
 
-def _require_real(name: str, value: object, expected: str) -> float:
+def _require_real(name: str, value: object, expected: str, hint: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise WrongTypeError(f"{name} must be {expected}, got {value!r} ({_type_name(value)})")
+        raise WrongTypeError(
+            f"{name} must be {expected}, got {value!r} ({_type_name(value)}){hint}")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
+        raise ValueError(f"{name} must be {expected}, got {value!r}{hint}")
     return float(value)
 
 
-def require_positive_number(name: str, value: object) -> float:
-    """Raise unless ``value`` is a finite real number > 0 (a base, a scale); return it as float."""
-    number = _require_real(name, value, "a number > 0")
+def require_positive_number(name: str, value: object, hint: str = "") -> float:
+    """Raise unless ``value`` is a finite real number > 0 (a base, a scale); return it as float.
+    ``hint`` (how to get a good value) ends the message."""
+    hint = f"; {hint}" if hint else ""
+    number = _require_real(name, value, "a number > 0", hint)
     if not number > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        raise ValueError(f"{name} must be a number > 0, got {value!r}{hint}")
     return number
 
 
@@ -369,3 +373,75 @@ def inputs_checked() -> Iterator[None]:
 def checks_wanted() -> bool:
     """False inside :func:`inputs_checked`, i.e. when a library caller has checked already."""
     return not _INPUTS_CHECKED.get()
+
+
+def require_padding_mask(name: str, mask: object, shape: Sequence[int],
+                         expected: str) -> torch.Tensor | None:
+    """Return a padding mask (True/1 = a real token) as a boolean tensor, None for None.
+
+    Boolean masks pass as they are; 0/1 integer masks (what Hugging Face tokenizers return)
+    become ``mask != 0``. A float mask is refused: attention would add it to the scores as a
+    bias, and a 0/1 float mask would then mask nothing. ``shape`` is the shape it must have,
+    ``expected`` says so in words (e.g. ``"should match ids's shape (2, 5)"``).
+    """
+    if mask is None:
+        return None
+    mask = require_tensor(name, mask)
+    if mask.is_floating_point() or mask.is_complex():
+        raise ValueError(
+            f"{name} must be a boolean (or 0/1 integer) tensor where True/1 marks a real token, "
+            f"got dtype {mask.dtype}: a float mask would be added to the attention scores, not "
+            f"mask them. Convert a 0/1 mask with {name}.bool() (an additive 0/-inf mask with "
+            f"{name} == 0)"
+        )
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {shape_of(mask)} but {expected} "
+                         "(True marks real tokens, False padding)")
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def require_max_length(name: str, ids: torch.Tensor, limit: int | None, limit_name: str) -> None:
+    """Raise ``ValueError`` if (B, T) ``ids`` hold more than ``limit`` tokens (None: no limit);
+    ``limit_name`` is the limit as the learner set it, e.g. ``"max_src_len"``."""
+    if limit is not None and ids.shape[1] > limit:
+        raise ValueError(
+            f"{name} has {ids.shape[1]} tokens (shape {shape_of(ids)}), longer than this model's "
+            f"context of {limit_name}={limit} tokens; crop it to its last {limit} tokens"
+        )
+
+
+def require_generator(name: str, generator: object) -> torch.Generator | None:
+    """Raise ``WrongTypeError`` unless ``generator`` is None or a ``torch.Generator``."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise WrongTypeError(
+            f"{name} must be a torch.Generator or None, got {generator!r} "
+            f"({_type_name(generator)}); for a seed s pass torch.Generator().manual_seed(s)"
+        )
+    return generator
+
+
+def check_id(name: str, value: object, vocab_size: int, *, also: tuple[int, ...] = ()) -> int:
+    """``value`` as an int: an id of a vocabulary of ``vocab_size`` entries (0..vocab_size-1)
+    or one of ``also`` (e.g. -100); raise naming ``name`` otherwise."""
+    value = require_int(name, value)
+    if not (0 <= value < vocab_size or value in also):
+        extra = "".join(f" or {a}" for a in also)
+        raise ValueError(f"{name} is {value}, but valid ids are integers 0..{vocab_size - 1}"
+                         f"{extra} (the vocabulary has {vocab_size} entries)")
+    return value
+
+
+def check_id_list(
+    name: str, ids: object, vocab_size: int, *, also: tuple[int, ...] = ()
+) -> list[int]:
+    """``ids`` (a list of ints or a 0-D/1-D integer tensor) as a list of ints, each checked by
+    :func:`check_id`: what decode-style functions call first, so a wrong id fails naming it,
+    not with an IndexError (and a negative id does not silently count from the end)."""
+    if isinstance(ids, torch.Tensor):
+        require_ndim(name, ids, (0, 1), "(T,) (one sequence at a time)")
+        require_integer_tensor(name, ids, "token ids")
+        ids = ids.reshape(-1).tolist()
+    elif isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise WrongTypeError(f"{name} must be a list or 1-D tensor of token ids, got "
+                             f"{ids!r:.60} ({type(ids).__name__})")
+    return [check_id(f"{name}[{i}]", idx, vocab_size, also=also) for i, idx in enumerate(ids)]

@@ -27,14 +27,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._validate import (
+    WrongTypeError,
     checks_wanted,
+    require_bool,
     require_bool_mask,
     require_broadcastable,
     require_dtype_of,
     require_features,
     require_floating,
     require_ndim,
+    require_non_negative_int,
     require_positive_int,
+    require_positive_number,
     require_probability,
     require_tensor,
     shape_of,
@@ -117,13 +121,14 @@ def attention_scores(
     Args:
         q: queries, shape (..., T, Dh).
         k: keys, shape (..., S, Dh).
-        scale: multiplier for the dot products; defaults to 1/sqrt(Dh) (pass 1.0 for the
-            unscaled scores of eq. 8 in the notes).
+        scale: multiplier for the dot products, > 0; defaults to 1/sqrt(Dh) (pass 1.0 for
+            the unscaled scores of eq. 8 in the notes).
 
     Returns:
         Scores of shape (..., T, S), before any softmax.
     """
     _check_qkv(q, k)
+    _check_scale(scale)
     return _scores(q, k, scale)
 
 
@@ -151,7 +156,7 @@ def scaled_dot_product_attention(
         v: values, shape (..., S, Dv).
         mask: boolean, True = may attend, broadcastable to (..., T, S).
         bias: float, added to the scores (e.g. ALiBi), broadcastable to (..., T, S).
-        scale: defaults to 1/sqrt(Dh).
+        scale: multiplier for the dot products, > 0; defaults to 1/sqrt(Dh).
         dropout_p: dropout probability applied to the weights (0 at evaluation).
 
     Returns:
@@ -166,6 +171,7 @@ def scaled_dot_product_attention(
         require_tensor("bias", bias)
         require_floating("bias", bias)
         require_broadcastable("bias", bias, scores_shape, _MASK_SHAPES)
+    _check_scale(scale)
     require_probability("dropout_p", dropout_p)
     return _attention(q, k, v, mask, bias, scale, dropout_p)
 
@@ -232,7 +238,7 @@ def padding_mask(
     longest = int(lengths.max()) if lengths.numel() else 0
     if max_len is None:
         max_len = longest
-    elif longest > max_len:
+    elif require_non_negative_int("max_len", max_len) < longest:
         raise ValueError(f"lengths has a sequence of length {longest} > max_len={max_len}")
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
 
@@ -349,6 +355,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         _check_heads(d_model, n_heads)
         require_probability("dropout", dropout)
+        require_bool("bias", bias)
+        require_bool("rope", rope)
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
@@ -391,8 +399,16 @@ class MultiHeadAttention(nn.Module):
             ``(out, weights)`` with out (B, T, D) and weights (B, H, T, S) or None.
         """
         if checks_wanted():
+            if past_key_value is not None:
+                from .generation import LayerKVCache  # here: generation imports this module
+                if not isinstance(past_key_value, LayerKVCache):
+                    raise WrongTypeError(
+                        "past_key_value must be one layer's cache (a LayerKVCache, e.g. "
+                        f"cache.layer(i) of a KVCache), got {type(past_key_value).__name__}")
             n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
             check_attention_inputs(self, x, context, mask, attention_mask, bias, n_past=n_past)
+            require_bool("is_causal", is_causal)
+            require_bool("return_weights", return_weights)
             if past_key_value is not None and context is not None:
                 raise ValueError("past_key_value caches self-attention keys and values; "
                                  "cross-attention (context=...) takes none")
@@ -468,6 +484,13 @@ def _fused_attention(
 
 
 # ------------------------------------------------------------------------------ argument checks
+
+
+def _check_scale(scale: object) -> None:
+    """None (1/sqrt(Dh)) or a number > 0: scale 0 makes every weight equal (a uniform average)."""
+    if scale is not None:
+        require_positive_number("scale", scale, "the usual scale is 1 / math.sqrt(d_head) "
+                                "(mind the /: 1 // math.sqrt(d_head) is 0.0)")
 
 
 def _check_heads(d_model: int, n_heads: int) -> None:

@@ -15,23 +15,46 @@ function written from the equations, and a test proves they agree.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
-from ._validate import checks_wanted, inputs_checked, require_ndim
+from ._validate import (
+    WrongTypeError,
+    checks_wanted,
+    inputs_checked,
+    require_bool,
+    require_bool_mask,
+    require_dtype_of,
+    require_features,
+    require_ndim,
+    require_positive_number,
+    require_size,
+    shape_of,
+)
 from .attention import MultiHeadAttention, check_attention_inputs
+from .generation import LayerKVCache
 from .layers import FeedForward, dropout_layer
 
-if TYPE_CHECKING:
-    from .generation import LayerKVCache
+
+def check_encoder_states(encoder_hidden_states: object, batch_size: int, batch_of: str,
+                         cross_attn: MultiHeadAttention) -> None:
+    """What cross-attention reads, named as the caller wrote it: encoder_hidden_states must be
+    (B, S, D) with the batch size of ``batch_of``, d_model features and the weights' dtype."""
+    require_ndim("encoder_hidden_states", encoder_hidden_states, (3,), "(B, S, D)")
+    require_features("encoder_hidden_states", encoder_hidden_states, cross_attn.d_model,
+                     "d_model")
+    require_dtype_of("encoder_hidden_states", encoder_hidden_states,
+                     cross_attn.out_proj.weight, "the cross-attention's weights")
+    require_size("encoder_hidden_states", encoder_hidden_states, 0, batch_size,
+                 f"the batch size of {batch_of}")
 
 
-def _check_block_input(x: object, attention: MultiHeadAttention, **attention_inputs) -> None:
+def _check_block_input(x: object, attention: MultiHeadAttention, return_weights: object,
+                       **attention_inputs) -> None:
     """x must be (B, T, D) and fit the block's attention, with valid masks."""
     require_ndim("x", x, (3,), "(B, T, D)")
     check_attention_inputs(attention, x, **attention_inputs)
+    require_bool("return_weights", return_weights)
 
 
 class EncoderBlock(nn.Module):
@@ -65,6 +88,8 @@ class EncoderBlock(nn.Module):
         rope: bool = False,
     ) -> None:
         super().__init__()
+        require_bool("norm_first", norm_first)  # the sublayers check the other options
+        require_positive_number("eps", eps)
         self.d_model = d_model
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rope=rope)
@@ -85,7 +110,7 @@ class EncoderBlock(nn.Module):
         """Args: x (B, T, D); mask, attention_mask (B, T), bias and return_weights as in
         :meth:`MultiHeadAttention.forward`."""
         if checks_wanted():
-            _check_block_input(x, self.self_attn, context=None, mask=mask,
+            _check_block_input(x, self.self_attn, return_weights, context=None, mask=mask,
                                attention_mask=attention_mask, bias=bias)
         kw = dict(mask=mask, attention_mask=attention_mask, bias=bias,
                   return_weights=return_weights)
@@ -129,13 +154,15 @@ class DecoderBlock(nn.Module):
         rope: bool = False,
     ) -> None:
         super().__init__()
+        require_bool("norm_first", norm_first)  # the sublayers check the other options
+        require_positive_number("eps", eps)
         self.d_model = d_model
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rope=rope)
         self.attn_norm = nn.LayerNorm(d_model, eps=eps)
         self.cross_attn: MultiHeadAttention | None = None
         self.cross_attn_norm: nn.LayerNorm | None = None
-        if cross_attention:
+        if require_bool("cross_attention", cross_attention):
             self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
             self.cross_attn_norm = nn.LayerNorm(d_model, eps=eps)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
@@ -165,9 +192,8 @@ class DecoderBlock(nn.Module):
                 the cached positions too.
         """
         if checks_wanted():
-            n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
             self._check(x, encoder_hidden_states, attention_mask, encoder_attention_mask, bias,
-                        n_past)
+                        return_weights, past_key_value)
         self_kw = dict(attention_mask=attention_mask, bias=bias, is_causal=True,
                        return_weights=return_weights, past_key_value=past_key_value)
         cross_kw = dict(attention_mask=encoder_attention_mask, return_weights=return_weights)
@@ -192,20 +218,34 @@ class DecoderBlock(nn.Module):
 
     def _check(self, x: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
                attention_mask: torch.Tensor | None, encoder_attention_mask: torch.Tensor | None,
-               bias: torch.Tensor | None, n_past: int = 0) -> None:
-        _check_block_input(x, self.self_attn, context=None, mask=None,
+               bias: torch.Tensor | None, return_weights: object,
+               past_key_value: object) -> None:
+        if past_key_value is not None and not isinstance(past_key_value, LayerKVCache):
+            raise WrongTypeError(
+                f"past_key_value must be one layer's cache, a LayerKVCache (a KVCache's "
+                f".layer(i)), got {type(past_key_value).__name__}")
+        n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
+        _check_block_input(x, self.self_attn, return_weights, context=None, mask=None,
                            attention_mask=attention_mask, bias=bias, n_past=n_past)
         if self.cross_attn is not None and encoder_hidden_states is not None:
-            require_ndim("encoder_hidden_states", encoder_hidden_states, (3,), "(B, S, D)")
-            check_attention_inputs(self.cross_attn, x, encoder_hidden_states, None,
-                                   encoder_attention_mask, None)
+            check_encoder_states(encoder_hidden_states, x.shape[0], "x", self.cross_attn)
+            if encoder_attention_mask is not None:
+                require_bool_mask("encoder_attention_mask", encoder_attention_mask)
+                if encoder_attention_mask.shape != encoder_hidden_states.shape[:2]:
+                    raise ValueError(
+                        f"encoder_attention_mask has shape {shape_of(encoder_attention_mask)} "
+                        f"but should be (B, S) = {tuple(encoder_hidden_states.shape[:2])}, the "
+                        "batch and source positions of encoder_hidden_states"
+                    )
         if self.cross_attn is not None and encoder_hidden_states is None:
             raise ValueError(
                 "this decoder block has cross-attention, so it needs encoder_hidden_states= "
                 "(the encoder's output, shape (B, S, D))"
             )
-        if self.cross_attn is None and encoder_hidden_states is not None:
-            raise ValueError(
-                "encoder_hidden_states= was given but this decoder block has no cross-attention "
-                "(build it with cross_attention=True)"
-            )
+        for name, given in (("encoder_hidden_states", encoder_hidden_states),
+                            ("encoder_attention_mask", encoder_attention_mask)):
+            if self.cross_attn is None and given is not None:
+                raise ValueError(
+                    f"{name}= was given but this decoder block has no cross-attention "
+                    "(build it with cross_attention=True)"
+                )

@@ -14,6 +14,7 @@ import torch
 from ._validate import (
     require_bool,
     require_choice,
+    require_int,
     require_non_negative_int,
     require_positive_int,
     require_positive_number,
@@ -27,7 +28,7 @@ POSITION_KINDS = ("learned", "sinusoidal", "alibi", "rope", "none")
 def _require_optional_id(name: str, value: object, vocab_size: int) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+    if not 0 <= require_int(name, value) < vocab_size:
         raise ValueError(
             f"{name} must be None or a token id in 0..{vocab_size - 1} (vocab_size={vocab_size}), "
             f"got {value!r}"

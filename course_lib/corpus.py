@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ._validate import require_ndim, require_positive_int, shape_of
+from ._validate import (
+    require_integer_tensor,
+    require_ndim,
+    require_positive_int,
+    require_positive_number,
+    shape_of,
+)
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -237,6 +243,7 @@ def train_val_split(
         ``(train, val)``: views of the first ``N - round(N * val_fraction)`` ids and the rest.
     """
     require_ndim("ids", ids, (1,), "(N,) (one long token stream)")
+    require_positive_number("val_fraction", val_fraction)
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     n_val = round(len(ids) * val_fraction)
@@ -269,6 +276,7 @@ def get_batch(
         token after the window.
     """
     require_ndim("data", data, (1,), "(N,) (one long token stream)")
+    require_integer_tensor("data", data, "token ids")  # float ids would be cast silently
     require_positive_int("batch_size", batch_size)
     require_positive_int("block_size", block_size)
     if len(data) <= block_size:

@@ -48,14 +48,14 @@ from ._validate import (
     require_floating,
     require_ndim,
     require_positive_int,
-    require_positive_number,
     require_tensor,
     shape_of,
 )
 
 # the attention module's private helpers, shared inside the library on purpose: one set of
-# q/k/v checks and one softmax (zeros, not NaN, for a row with no allowed key) for every path
-from .attention import _check_qkv, _softmax
+# q/k/v and scale checks and one softmax (zeros, not NaN, for a row with no allowed key) for
+# every path
+from .attention import _check_qkv, _check_scale, _softmax
 
 # ---------------------------------------------------------------------------------- measuring
 
@@ -234,11 +234,6 @@ def online_softmax_stats(blocks: Iterable[torch.Tensor]) -> tuple[torch.Tensor, 
 
 
 # --------------------------------------------------------------------------- chunked attention
-
-
-def _check_scale(scale: float | None) -> None:
-    if scale is not None:
-        require_positive_number("scale", scale)
 
 
 def chunked_attention(

@@ -24,6 +24,7 @@ step, so the cached keys no longer apply and each step runs on the whole window 
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import TYPE_CHECKING
 
@@ -32,10 +33,15 @@ import torch
 from ._validate import (
     WrongTypeError,
     check_token_ids,
+    inputs_checked,
     require_bool,
+    require_generator,
+    require_int,
     require_ndim,
+    require_non_negative_int,
     require_positive_int,
 )
+from .configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
 
 if TYPE_CHECKING:
     from .models import DecoderLM, EncoderDecoder
@@ -135,6 +141,7 @@ def sample_next_token(
     """
     require_ndim("logits", logits, (2,), "(B, V)")
     _check_sampling(temperature, top_k, top_p)
+    require_generator("generator", generator)
     return _sample(logits, temperature, top_k, generator, top_p)
 
 
@@ -161,6 +168,9 @@ class LayerKVCache:
     the whole cache together with their ``layer_idx`` and call ``cache.update(k, v,
     layer_idx)``; course_lib's models pick the layer's entry, ``KVCache.layer(i)``, for it.)
 
+    A cache holds one batch of one model: new keys must have its batch size B, its H heads
+    and its head size Dh (once emptied, e.g. by ``crop(0)``, it takes any).
+
     Attributes:
         keys, values: (B, H, S, Dh) for the S positions seen so far, or None while empty.
     """
@@ -174,6 +184,15 @@ class LayerKVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new positions' keys and values, (B, H, T, Dh) each, and return every
         position's, (B, H, S + T, Dh) each: what the new queries attend to."""
+        if self.keys is not None and (key_states.shape[:2] != self.keys.shape[:2]
+                                      or key_states.shape[-1] != self.keys.shape[-1]):
+            b, h, _, d = self.keys.shape
+            raise ValueError(
+                f"past_key_value holds keys of {b} sequences with {h} heads of size {d}, (B, H, "
+                f"S, Dh) = {tuple(self.keys.shape)}, but the new keys have shape "
+                f"{tuple(key_states.shape)}: a cache serves one batch of one model; start a new "
+                "KVCache() (or crop(0) this one) for another batch or model"
+            )
         if self.keys is None:
             self.keys, self.values = key_states, value_states
         else:
@@ -187,11 +206,12 @@ class LayerKVCache:
 
     def crop(self, max_length: int) -> None:
         """Keep the first ``max_length`` positions (a negative value drops that many from the
-        end), e.g. to take back tokens that were rejected."""
+        end), e.g. to take back tokens that were rejected. Cropped to 0 it is empty again."""
+        max_length = require_int("max_length", max_length)
         if self.keys is not None:
             keep = max_length if max_length >= 0 else max(self.get_seq_length() + max_length, 0)
-            self.keys = self.keys[..., :keep, :]
-            self.values = self.values[..., :keep, :]
+            self.keys = self.keys[..., :keep, :] if keep else None
+            self.values = self.values[..., :keep, :] if keep else None
 
 
 class KVCache:
@@ -211,6 +231,7 @@ class KVCache:
 
     def layer(self, layer_idx: int) -> LayerKVCache:
         """The cache of layer ``layer_idx`` (created empty on first use)."""
+        layer_idx = require_non_negative_int("layer_idx", layer_idx)
         while len(self.layers) <= layer_idx:
             self.layers.append(LayerKVCache())
         return self.layers[layer_idx]
@@ -227,6 +248,7 @@ class KVCache:
 
     def crop(self, max_length: int) -> None:
         """Keep the first ``max_length`` positions in every layer (negative: drop from the end)."""
+        max_length = require_int("max_length", max_length)
         for layer in self.layers:
             layer.crop(max_length)
 
@@ -239,6 +261,38 @@ class KVCache:
 
 # --------------------------------------------------------------------------------------------
 # Generation loops
+
+
+def _check_decoder_lm(model: object, use_cache: bool) -> None:
+    """What :func:`generate` calls: a decoder LM, i.e. a module whose config is a DecoderConfig
+    without cross-attention, taking past_key_values= when ``use_cache``."""
+    config, name = getattr(model, "config", None), type(model).__name__
+    if isinstance(config, EncoderDecoderConfig):
+        raise WrongTypeError(
+            f"model must be a decoder language model (a DecoderLM), got {name}: for an "
+            "encoder-decoder use generate_seq2seq(model, src, bos_id=..., max_new_tokens=...), "
+            "i.e. EncoderDecoder.generate"
+        )
+    if not isinstance(config, DecoderConfig):
+        raise WrongTypeError(
+            f"model must be a decoder language model: a DecoderLM, or a module whose .config is "
+            f"a DecoderConfig and whose output has .logits; got {name}"
+            + (": an encoder has no next-token head" if isinstance(config, EncoderConfig) else "")
+        )
+    if config.cross_attention:
+        raise ValueError(
+            "model is a decoder with cross-attention: it needs an encoder's output; use "
+            "EncoderDecoder.generate (generate_seq2seq) instead"
+        )
+    if use_cache:
+        takes = inspect.signature(model.forward).parameters
+        if "past_key_values" not in takes and all(p.kind is not p.VAR_KEYWORD
+                                                  for p in takes.values()):
+            raise ValueError(
+                f"use_cache=True needs a model whose forward takes past_key_values= and "
+                f"attention_mask= (a DecoderLM); {name}.forward does not: generate with "
+                "use_cache=False"
+            )
 
 
 @torch.no_grad()
@@ -256,7 +310,8 @@ def generate(
     """Extend a prompt by sampling one token at a time from a decoder language model.
 
     Args:
-        model: a :class:`~course_lib.models.DecoderLM`.
+        model: a :class:`~course_lib.models.DecoderLM` (or a module of one's own whose
+            ``.config`` is a DecoderConfig and whose output has ``.logits``).
         ids: (B, T) or (T,) prompt token ids, at least one token.
         max_new_tokens: how many tokens to add.
         temperature: divides the logits; 0 means greedy (always the most likely token).
@@ -270,9 +325,11 @@ def generate(
     Returns:
         (B, T + max_new_tokens) token ids (or 1-D for a 1-D prompt).
     """
+    require_bool("use_cache", use_cache)
+    _check_decoder_lm(model, use_cache)
     require_positive_int("max_new_tokens", max_new_tokens)
     _check_sampling(temperature, top_k, top_p)
-    require_bool("use_cache", use_cache)
+    require_generator("generator", generator)
     unbatched = isinstance(ids, torch.Tensor) and ids.dim() == 1
     if unbatched:
         ids = ids[None]
@@ -303,8 +360,7 @@ def _next_logits(model: DecoderLM, ids: torch.Tensor, cache: KVCache | None) -> 
 
 def _check_target_ids(tgt_vocab: int, **ids: int | None) -> None:
     for name, value in ids.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or not 0 <= value < tgt_vocab):
+        if value is not None and require_int(name, value, minimum=0) >= tgt_vocab:
             raise ValueError(f"{name} must be a target token id in 0..{tgt_vocab - 1}, "
                              f"got {value!r}")
 
@@ -345,7 +401,7 @@ def generate_seq2seq(
             decoding with ``do_sample=False``.
         top_k, top_p: as in :func:`generate`.
         generator: a torch.Generator for repeatable sampling.
-        src_attention_mask: (B, S) True at real source tokens, False at padding.
+        src_attention_mask: (B, S) True (or 1) at real source tokens, False (0) at padding.
         use_cache: cache the decoder's self-attention keys and values.
 
     Returns:
@@ -353,16 +409,21 @@ def generate_seq2seq(
         generation stops early once every sequence has produced ``eos_id`` (later positions
         are filled with ``eos_id``).
     """
-    tgt_vocab = model.decoder.config.vocab_size
+    if not isinstance(getattr(model, "config", None), EncoderDecoderConfig):
+        raise WrongTypeError(
+            f"model must be an EncoderDecoder, got {type(model).__name__}; for a decoder "
+            "language model use generate(model, ids, max_new_tokens)")
     require_positive_int("max_new_tokens", max_new_tokens)
     _check_sampling(temperature, top_k, top_p)
+    require_generator("generator", generator)
     require_bool("use_cache", use_cache)
-    _check_target_ids(tgt_vocab, bos_id=bos_id, eos_id=eos_id)
-    model.check_src(src, src_attention_mask)
+    _check_target_ids(model.decoder.config.vocab_size, bos_id=bos_id, eos_id=eos_id)
+    src_attention_mask = model.check_src(src, src_attention_mask)  # as booleans
     was_training = model.training
     model.eval()
     try:
-        encoded, src_padding = model.encode(src, src_attention_mask)
+        with inputs_checked():  # checked above
+            encoded, src_padding = model.encode(src, src_attention_mask)
         memory = encoded.last_hidden_state  # (B, S, D)
         tgt = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
         finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
@@ -389,11 +450,10 @@ def generate_seq2seq(
 def _next_target_logits(model: EncoderDecoder, tgt: torch.Tensor, memory: torch.Tensor,
                         src_padding: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
     """The decoder's logits for the token after ``tgt`` (B, L), with or without a cache."""
-    decoder = model.decoder
-    if cache is None:
-        return decoder._decode(tgt, None, None, memory, src_padding, False).logits[:, -1, :]
-    pad_id = decoder.config.pad_id
+    pad_id = model.decoder.config.pad_id
     mask = None if pad_id is None else tgt != pad_id  # (B, L): covers cached and new tokens
-    new = tgt[:, cache.get_seq_length():]  # (B, 1)
-    return decoder._decode(new, None, mask, memory, src_padding, False,
-                           past_key_values=cache).logits[:, -1, :]  # (B, V)
+    new = tgt if cache is None else tgt[:, cache.get_seq_length():]  # (B, L) or (B, 1)
+    with inputs_checked():  # generate_seq2seq checked the source; the loop builds tgt
+        out = model.decoder(new, attention_mask=mask, encoder_hidden_states=memory,
+                            encoder_attention_mask=src_padding, past_key_values=cache)
+    return out.logits[:, -1, :]  # (B, V)

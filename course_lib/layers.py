@@ -19,6 +19,7 @@ from torch import nn
 
 from ._validate import (
     checks_wanted,
+    require_bool,
     require_choice,
     require_dtype_of,
     require_features,
@@ -87,6 +88,7 @@ class FeedForward(nn.Module):
         require_positive_int("d_model", d_model)
         d_ff = 4 * d_model if d_ff is None else require_positive_int("d_ff", d_ff)
         require_probability("dropout", dropout)
+        require_bool("bias", bias)
         self.activation_name = activation
         self.activation = get_activation(activation)
         self.d_model = d_model
@@ -181,6 +183,8 @@ class LayerNorm(nn.Module):
         super().__init__()
         require_positive_int("d_model", d_model)
         require_positive_number("eps", eps)
+        require_bool("elementwise_affine", elementwise_affine)
+        require_bool("bias", bias)
         self.d_model = d_model
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model)) if elementwise_affine else None
@@ -243,6 +247,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         require_positive_int("d_model", d_model)
         require_positive_number("eps", eps)
+        require_bool("elementwise_affine", elementwise_affine)
         self.d_model = d_model
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model)) if elementwise_affine else None

@@ -18,14 +18,18 @@ from torch import nn
 
 from ._validate import (
     check_token_ids,
+    checks_wanted,
     inputs_checked,
-    require_bool_mask,
-    require_features,
+    require_bool,
+    require_integer_tensor,
+    require_max_length,
     require_ndim,
+    require_padding_mask,
+    require_tensor,
     shape_of,
     values_checked,
 )
-from .blocks import DecoderBlock, EncoderBlock
+from .blocks import DecoderBlock, EncoderBlock, check_encoder_states
 from .configs import (
     DecoderConfig,
     EncoderConfig,
@@ -48,19 +52,24 @@ from .tokenizer import IGNORE_INDEX
 # Input checks (shapes and dtypes always; token values only where reading them is free)
 
 
-def _check_attention_mask(name: str, mask: torch.Tensor | None, ids: torch.Tensor,
-                          ids_name: str) -> None:
-    if mask is None:
-        return
-    require_bool_mask(name, mask)
-    if mask.shape != ids.shape:
-        raise ValueError(
-            f"{name} has shape {shape_of(mask)} but should match {ids_name}'s shape "
-            f"{shape_of(ids)} (True marks real tokens, False padding)"
-        )
+def _position_limit(config: TransformerConfig) -> int | None:
+    """Learned position tables end at max_len; the other position kinds extrapolate."""
+    return config.max_len if config.positions == "learned" else None
 
 
-def _check_targets(targets: torch.Tensor | None, ids: torch.Tensor) -> None:
+def _check_sequence(ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    config: TransformerConfig, name: str = "ids",
+                    mask_name: str = "attention_mask",
+                    limit_name: str = "max_len") -> torch.Tensor | None:
+    """Check (B, T) token ids and their padding mask (named as the caller wrote them); return
+    the mask as booleans (a 0/1 integer mask converted), or None."""
+    check_token_ids(name, ids, config.vocab_size)
+    require_max_length(name, ids, _position_limit(config), limit_name)
+    return require_padding_mask(mask_name, attention_mask, ids.shape,
+                                f"should match {name}'s shape {shape_of(ids)}")
+
+
+def _check_targets(targets: torch.Tensor | None, ids: torch.Tensor, ids_name: str) -> None:
     if targets is None:
         return
     require_ndim("targets", targets, (2,), "(B, T), the next token at every position")
@@ -69,7 +78,7 @@ def _check_targets(targets: torch.Tensor | None, ids: torch.Tensor) -> None:
                          f"{targets.dtype}; convert with targets.long()")
     if targets.shape != ids.shape:
         raise ValueError(f"targets has shape {shape_of(targets)} but the input ids have shape "
-                         f"{shape_of(ids)}; they must match")
+                         f"{shape_of(ids)} ({ids_name}); they must match")
 
 
 def _bad_targets(targets: torch.Tensor, vocab_size: int) -> str | None:
@@ -116,6 +125,7 @@ def init_weights(model: nn.Module, n_layers: int) -> None:
 
 def count_parameters(module: nn.Module, *, trainable_only: bool = False) -> int:
     """Number of parameters in ``module`` (shared tensors, like tied embeddings, count once)."""
+    require_bool("trainable_only", trainable_only)
     params = {id(p): p for p in module.parameters() if p.requires_grad or not trainable_only}
     return sum(p.numel() for p in params.values())
 
@@ -243,10 +253,6 @@ class _Stack(nn.Module):
         # (H, T, n_past + T): the queries are the last T positions
         return alibi_bias(seq_len, seq_len + n_past, slopes=self.alibi_slopes, device=device)
 
-    def _max_len(self) -> int | None:
-        """Learned position tables end at max_len; the other position kinds extrapolate."""
-        return self.config.max_len if self.config.positions == "learned" else None
-
 
 class Encoder(_Stack):
     """A Transformer encoder: embeddings, then a stack of unmasked encoder blocks (note 3.5).
@@ -281,33 +287,15 @@ class Encoder(_Stack):
 
         Args:
             ids: (B, T) token ids.
-            attention_mask: (B, T) boolean, True for real tokens (derived from pad_id if None).
+            attention_mask: (B, T) boolean or 0/1 integers (as Hugging Face tokenizers return),
+                True/1 for real tokens (derived from pad_id if None).
             token_type_ids: (B, T) segment ids (models with type_vocab_size > 0).
             output_attentions: also return every block's attention weights.
             output_hidden_states: also return the embeddings and every block's output.
         """
-        self._check(ids, attention_mask, token_type_ids, "ids")
-        return self._encode(ids, attention_mask, token_type_ids, output_attentions,
-                            output_hidden_states)
-
-    def _check(self, ids, attention_mask, token_type_ids, name: str) -> None:
-        c = self.config
-        check_token_ids(name, ids, c.vocab_size, self._max_len())
-        _check_attention_mask("attention_mask", attention_mask, ids, name)
-        if token_type_ids is not None:
-            if c.type_vocab_size == 0:
-                raise ValueError(
-                    "token_type_ids was given but this encoder has no segment embeddings "
-                    "(type_vocab_size=0 in its config); leave it out or build the model with "
-                    "type_vocab_size > 0"
-                )
-            check_token_ids("token_type_ids", token_type_ids, c.type_vocab_size)
-            if token_type_ids.shape != ids.shape:
-                raise ValueError(f"token_type_ids has shape {shape_of(token_type_ids)} but "
-                                 f"{name} has shape {shape_of(ids)}; they must match")
-
-    def _encode(self, ids, attention_mask, token_type_ids, output_attentions,
-                output_hidden_states) -> EncoderOutput:
+        if checks_wanted():  # an EncoderDecoder checks src at its own boundary
+            attention_mask = self._check(ids, attention_mask, token_type_ids, output_attentions,
+                                         output_hidden_states)
         x = self.embeddings(ids, token_type_ids)  # (B, T, D)
         padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, T) or None
         bias = self._alibi(ids.shape[1], ids.device)  # (H, T, T) or None
@@ -326,6 +314,26 @@ class Encoder(_Stack):
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
+
+    def _check(self, ids, attention_mask, token_type_ids, output_attentions,
+               output_hidden_states) -> torch.Tensor | None:
+        """Check every argument of :meth:`forward`; return attention_mask as booleans."""
+        c = self.config
+        require_bool("output_attentions", output_attentions)
+        require_bool("output_hidden_states", output_hidden_states)
+        attention_mask = _check_sequence(ids, attention_mask, c)
+        if token_type_ids is not None:
+            if c.type_vocab_size == 0:
+                raise ValueError(
+                    "token_type_ids was given but this encoder has no segment embeddings "
+                    "(type_vocab_size=0 in its config); leave it out or build the model with "
+                    "type_vocab_size > 0"
+                )
+            check_token_ids("token_type_ids", token_type_ids, c.type_vocab_size)
+            if token_type_ids.shape != ids.shape:
+                raise ValueError(f"token_type_ids has shape {shape_of(token_type_ids)} but "
+                                 f"ids has shape {shape_of(ids)}; they must match")
+        return attention_mask
 
 
 class DecoderLM(_Stack):
@@ -368,78 +376,27 @@ class DecoderLM(_Stack):
         Args:
             ids: (B, T) token ids.
             targets: (B, T) next tokens; entries equal to -100 are not scored.
-            attention_mask: (B, T) boolean, True for real tokens (derived from pad_id if None).
-                With a non-empty cache it covers the cached tokens too: (B, S + T).
+            attention_mask: (B, T) boolean or 0/1 integers (as Hugging Face tokenizers return),
+                True/1 for real tokens (derived from pad_id if None). With a non-empty cache
+                it covers the cached tokens too: (B, S + T).
             encoder_hidden_states: (B, S, D) the encoder's output, for cross-attention.
-            encoder_attention_mask: (B, S) boolean, True for real source tokens.
+            encoder_attention_mask: (B, S) boolean or 0/1 integers, True/1 for real source
+                tokens.
             output_attentions: also return attention weights.
             past_key_values: a :class:`~course_lib.generation.KVCache` holding the keys and
                 values of the S tokens before ``ids`` (empty at first): ``ids`` are taken as
                 positions S .. S + T - 1, and the cache is extended with them in place (as
                 Hugging Face's ``DynamicCache``).
         """
-        if past_key_values is None:
-            self._check(ids, targets, attention_mask, encoder_hidden_states, "ids")
-        else:
-            self._check_cached(ids, targets, attention_mask, encoder_hidden_states,
-                               past_key_values)
-        return self._decode(ids, targets, attention_mask, encoder_hidden_states,
-                            encoder_attention_mask, output_attentions, past_key_values)
-
-    def _check(self, ids, targets, attention_mask, encoder_hidden_states, name: str) -> None:
-        check_token_ids(name, ids, self.config.vocab_size, self._max_len())
-        _check_targets(targets, ids)
-        _check_attention_mask("attention_mask", attention_mask, ids, name)
-        if self.config.cross_attention and encoder_hidden_states is None:
-            raise ValueError("this decoder has cross-attention: pass encoder_hidden_states= "
-                             "(B, S, D), or use EncoderDecoder")
-        if encoder_hidden_states is not None:
-            require_ndim("encoder_hidden_states", encoder_hidden_states, (3,), "(B, S, D)")
-            require_features("encoder_hidden_states", encoder_hidden_states,
-                             self.config.d_model, "d_model")
-            if encoder_hidden_states.shape[0] != ids.shape[0]:
-                raise ValueError(
-                    f"encoder_hidden_states has batch size {encoder_hidden_states.shape[0]} but "
-                    f"{name} has batch size {ids.shape[0]}"
-                )
-
-    def _check_cached(self, ids, targets, attention_mask, encoder_hidden_states,
-                      cache: object) -> None:
-        """The checks of :meth:`_check` for new tokens that follow the cached ones."""
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"past_key_values must be a course_lib.generation.KVCache (start "
-                            f"with an empty KVCache()), got {type(cache).__name__}")
-        n_past = cache.get_seq_length()
-        self._check(ids, targets, None, encoder_hidden_states, "ids")
-        if len(cache) > len(self.blocks):
-            raise ValueError(f"past_key_values holds {len(cache)} layers but this model has "
-                             f"{len(self.blocks)}: was it filled by another model?")
-        if n_past and cache.layers[0].keys.shape[0] != ids.shape[0]:
-            raise ValueError(f"past_key_values was filled with a batch of "
-                             f"{cache.layers[0].keys.shape[0]} sequences but ids has batch size "
-                             f"{ids.shape[0]}")
-        limit = self._max_len()
-        if limit is not None and n_past + ids.shape[1] > limit:
-            raise ValueError(
-                f"past_key_values holds {n_past} tokens and ids adds {ids.shape[1]}, more than "
-                f"this model's context of max_len={limit} tokens (learned positions end there)"
-            )
-        expected = (ids.shape[0], n_past + ids.shape[1])
-        if attention_mask is not None:
-            require_bool_mask("attention_mask", attention_mask)
-            if tuple(attention_mask.shape) != expected:
-                raise ValueError(
-                    f"attention_mask has shape {shape_of(attention_mask)} but with {n_past} "
-                    f"cached tokens it must cover them and the new ones: (B, S + T) = {expected}"
-                )
-        elif n_past and self.config.pad_id is not None:
-            raise ValueError(
-                "this model masks padding (pad_id is set), and with a non-empty cache it cannot "
-                f"tell which cached tokens were padding: pass attention_mask of shape {expected}"
-            )
-
-    def _decode(self, ids, targets, attention_mask, encoder_hidden_states,
-                encoder_attention_mask, output_attentions, past_key_values=None) -> LMOutput:
+        if checks_wanted():  # an EncoderDecoder checks tgt and the encoder's output itself
+            require_bool("output_attentions", output_attentions)
+            if past_key_values is None:
+                attention_mask = _check_sequence(ids, attention_mask, self.config)
+            else:
+                attention_mask = self._check_cached(ids, attention_mask, past_key_values)
+            _check_targets(targets, ids, "ids")
+            encoder_attention_mask = self._check_encoder_states(
+                ids, encoder_hidden_states, encoder_attention_mask)
         n_past = 0 if past_key_values is None else past_key_values.get_seq_length()
         x = self.embeddings(ids, offset=n_past)  # (B, T, D), positions n_past .. n_past + T - 1
         padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, n_past + T) or None
@@ -466,13 +423,75 @@ class DecoderLM(_Stack):
             cross_attentions=tuple(cross_attns) if cross else None,
         )
 
+    def _check_encoder_states(self, ids, encoder_hidden_states,
+                              encoder_attention_mask) -> torch.Tensor | None:
+        """What cross-attention takes: check it (or refuse it without cross-attention); return
+        encoder_attention_mask as booleans."""
+        if not self.config.cross_attention:
+            for name, given in (("encoder_hidden_states", encoder_hidden_states),
+                                ("encoder_attention_mask", encoder_attention_mask)):
+                if given is not None:
+                    raise ValueError(
+                        f"{name} was given but this decoder has no cross-attention "
+                        "(cross_attention=False in its config), so it would be ignored: leave "
+                        "it out, or use an EncoderDecoder"
+                    )
+            return None
+        if encoder_hidden_states is None:
+            raise ValueError("this decoder has cross-attention: pass encoder_hidden_states= "
+                             "(B, S, D), or use EncoderDecoder")
+        check_encoder_states(encoder_hidden_states, ids.shape[0], "ids", self.blocks[0].cross_attn)
+        batch, src_len = encoder_hidden_states.shape[:2]
+        return require_padding_mask(
+            "encoder_attention_mask", encoder_attention_mask, (batch, src_len),
+            f"should be (B, S) = {(batch, src_len)}: the batch and the S source positions of "
+            "encoder_hidden_states")
+
+    def _check_cached(self, ids, attention_mask, cache: object) -> torch.Tensor | None:
+        """The checks of ids and attention_mask for new tokens that follow the cached ones;
+        returns attention_mask as booleans."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"past_key_values must be a course_lib.generation.KVCache (start "
+                            f"with an empty KVCache()), got {type(cache).__name__}")
+        c, n_past = self.config, cache.get_seq_length()
+        _check_sequence(ids, None, c)
+        if len(cache) > len(self.blocks) or (n_past and len(cache) != len(self.blocks)):
+            raise ValueError(f"past_key_values holds {len(cache)} layers but this model has "
+                             f"{len(self.blocks)}: was it filled by another model?")
+        lengths = [layer.get_seq_length() for layer in cache.layers]
+        if len(set(lengths)) > 1:
+            raise ValueError(f"past_key_values holds layers of different lengths {lengths}: "
+                             "crop the whole cache (cache.crop(n)), not one layer")
+        if n_past:
+            held = cache.layers[0].keys.shape  # (B, H, S, Dh)
+            if held[0] != ids.shape[0]:
+                raise ValueError(f"past_key_values was filled with a batch of {held[0]} "
+                                 f"sequences but ids has batch size {ids.shape[0]}")
+            if (held[1], held[3]) != (c.n_heads, c.d_model // c.n_heads):
+                raise ValueError(
+                    f"past_key_values holds {held[1]} heads of size {held[3]} but this model "
+                    f"has {c.n_heads} heads of size {c.d_model // c.n_heads}: was it filled by "
+                    "another model? Start with a new KVCache()")
+        limit = _position_limit(c)
+        if limit is not None and n_past + ids.shape[1] > limit:
+            raise ValueError(
+                f"past_key_values holds {n_past} tokens and ids adds {ids.shape[1]}, more than "
+                f"this model's context of max_len={limit} tokens (learned positions end there)"
+            )
+        expected = (ids.shape[0], n_past + ids.shape[1])
+        if attention_mask is None and n_past and c.pad_id is not None:
+            raise ValueError(
+                "this model masks padding (pad_id is set), and with a non-empty cache it cannot "
+                f"tell which cached tokens were padding: pass attention_mask of shape {expected}"
+            )
+        return require_padding_mask(
+            "attention_mask", attention_mask, expected,
+            f"with {n_past} cached tokens it must cover them and the new ones: (B, S + T) = "
+            f"{expected}")
+
     def generate(self, ids: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
         """Extend ``ids`` (B, T) or (T,) by ``max_new_tokens`` sampled tokens; see
         :func:`course_lib.generation.generate` for the sampling options."""
-        if self.config.cross_attention:
-            raise ValueError(
-                "this decoder needs an encoder's output; use EncoderDecoder.generate instead"
-            )
         return generate(self, ids, max_new_tokens, **sampling)
 
 
@@ -512,34 +531,47 @@ class EncoderDecoder(nn.Module):
             src: (B, S) source ids.
             tgt: (B, T) decoder input ids (usually BOS followed by the target shifted right).
             targets: (B, T) the tokens to predict; -100 entries are not scored.
-            src_attention_mask, tgt_attention_mask: boolean, True for real tokens (derived
-                from each config's pad_id when None).
+            src_attention_mask, tgt_attention_mask: boolean or 0/1 integers, True/1 for real
+                tokens (derived from each config's pad_id when None).
             output_attentions: return encoder, decoder and cross-attention weights.
         """
-        self.check_src(src, src_attention_mask)
-        check_token_ids("tgt", tgt, self.decoder.config.vocab_size, self.decoder._max_len())
+        require_bool("output_attentions", output_attentions)
+        src_attention_mask = self.check_src(src, src_attention_mask)
+        tgt_attention_mask = _check_sequence(tgt, tgt_attention_mask, self.decoder.config, "tgt",
+                                             "tgt_attention_mask", "max_tgt_len")
         if tgt.shape[0] != src.shape[0]:
             raise ValueError(f"src has batch size {src.shape[0]} but tgt has batch size "
                              f"{tgt.shape[0]}; they must match")
-        _check_targets(targets, tgt)
-        _check_attention_mask("tgt_attention_mask", tgt_attention_mask, tgt, "tgt")
-        encoded, src_padding = self.encode(src, src_attention_mask, output_attentions)
-        out = self.decoder._decode(tgt, targets, tgt_attention_mask, encoded.last_hidden_state,
-                                   src_padding, output_attentions)
+        _check_targets(targets, tgt, "tgt")
+        with inputs_checked():  # checked here: the encoder and the decoder skip their checks
+            encoded, src_padding = self.encode(src, src_attention_mask, output_attentions)
+            out = self.decoder(tgt, targets=targets, attention_mask=tgt_attention_mask,
+                               encoder_hidden_states=encoded.last_hidden_state,
+                               encoder_attention_mask=src_padding,
+                               output_attentions=output_attentions)
         out.encoder_attentions = encoded.attentions
         return out
 
-    def check_src(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None) -> None:
-        """Validate a source batch (names the argument ``src`` in every message)."""
-        self.encoder._check(src, src_attention_mask, None, "src")
+    def check_src(self, src: torch.Tensor,
+                  src_attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Validate a source batch (messages name ``src``, ``src_attention_mask`` and
+        ``max_src_len``); returns src_attention_mask as booleans, or None."""
+        return _check_sequence(src, src_attention_mask, self.config.encoder, "src",
+                               "src_attention_mask", "max_src_len")
 
     def encode(
         self, src: torch.Tensor, src_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[EncoderOutput, torch.Tensor | None]:
-        """Run the encoder on checked input; returns its output and the source padding mask."""
-        padding = _padding(src_attention_mask, src, self.config.encoder.pad_id)
-        encoded = self.encoder._encode(src, padding, None, output_attentions, False)
+        """Run the encoder on a source batch; returns its output and the boolean source padding
+        mask (True = real token; derived from pad_id without a mask; None without either)."""
+        if checks_wanted():
+            require_bool("output_attentions", output_attentions)
+            src_attention_mask = self.check_src(src, src_attention_mask)
+        padding = _padding(src_attention_mask, src, self.config.encoder.pad_id)  # (B, S)
+        with inputs_checked():
+            encoded = self.encoder(src, attention_mask=padding,
+                                   output_attentions=output_attentions)
         return encoded, padding
 
     def generate(self, src: torch.Tensor, *, bos_id: int, max_new_tokens: int,
@@ -552,14 +584,16 @@ class EncoderDecoder(nn.Module):
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of (B, T, V) logits against (B, T) targets, ignoring -100 entries."""
+    require_integer_tensor("targets", require_tensor("targets", targets),
+                           "token ids (class indices)")
     if targets.shape != logits.shape[:-1]:
         raise ValueError(
             f"targets has shape {shape_of(targets)} but the logits are {shape_of(logits)}; "
             f"targets should be {tuple(logits.shape[:-1])}"
         )
     try:  # -log softmax(logits)[target], averaged over the scored positions
-        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(),
-                               ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten().long(),
+                               ignore_index=IGNORE_INDEX)  # int32 targets too
     except (IndexError, RuntimeError):
         problem = _bad_targets(targets, logits.shape[-1]) if values_checked(targets) else None
         if problem is None:

@@ -45,6 +45,7 @@ from ._validate import (
     require_int,
     require_ndim,
     require_non_negative_int,
+    require_padding_mask,
     require_positive_int,
     shape_of,
 )
@@ -703,25 +704,17 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
 
     Args:
         hidden: (B, T, D) token vectors.
-        attention_mask: (B, T) bool, True for real tokens.
+        attention_mask: (B, T) bool (or 0/1 integers, as tokenizers return), True for real
+            tokens.
 
     Returns:
         (B, D) sentence vectors.
     """
     require_ndim("hidden", hidden, (3,), "(B, T, D)")
     require_floating("hidden", hidden)
-    require_ndim("attention_mask", attention_mask, (2,), "(B, T)")
-    if attention_mask.dtype != torch.bool:
-        raise ValueError(
-            f"attention_mask must be a boolean tensor, True for real tokens, got dtype "
-            f"{attention_mask.dtype}; a 0/1 mask (as Hugging Face tokenizers return) converts "
-            "with attention_mask.bool()"
-        )
-    if attention_mask.shape != hidden.shape[:2]:
-        raise ValueError(
-            f"attention_mask has shape {shape_of(attention_mask)} but hidden has shape "
-            f"{shape_of(hidden)}; expected (B, T) = {tuple(hidden.shape[:2])}"
-        )
+    attention_mask = require_padding_mask(
+        "attention_mask", attention_mask, hidden.shape[:2],
+        f"hidden has shape {shape_of(hidden)}; expected (B, T) = {tuple(hidden.shape[:2])}")
     weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1), 1 = real token
     total = (hidden * weights).sum(dim=1)  # (B, D)
     count = weights.sum(dim=1).clamp(min=1e-9)  # (B, 1); clamp keeps an all-padding row finite

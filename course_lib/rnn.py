@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._validate import (
+    check_id,
     check_token_ids,
     require_bool,
     require_bool_mask,
@@ -27,7 +28,6 @@ from ._validate import (
     require_dtype_of,
     require_floating,
     require_ndim,
-    require_non_negative_int,
     require_positive_int,
     require_same_dtype,
     require_size,
@@ -522,7 +522,7 @@ class RNNEncoderDecoder(nn.Module):
         if attention is not None:
             require_choice("attention", attention, _SCORES)
         if pad_id is not None:
-            require_non_negative_int("pad_id", pad_id)
+            check_id("pad_id", pad_id, src_vocab_size)
         self.src_vocab_size, self.tgt_vocab_size, self.pad_id = \
             src_vocab_size, tgt_vocab_size, pad_id
         self.src_embed = nn.Embedding(src_vocab_size, d_embed)
@@ -600,7 +600,9 @@ class RNNEncoderDecoder(nn.Module):
         """Greedy decoding: (B, max_new_tokens) target ids, without the leading ``bos_id``;
         after ``eos_id`` a row is filled with ``eos_id``."""
         mask = self._check(src, src_attention_mask)
-        require_non_negative_int("bos_id", bos_id)
+        check_id("bos_id", bos_id, self.tgt_vocab_size)
+        if eos_id is not None:
+            check_id("eos_id", eos_id, self.tgt_vocab_size)
         require_positive_int("max_new_tokens", max_new_tokens)
         memory = self._memory(src, mask)
         s = torch.tanh(self.init_state(memory[1]))  # (B, H)

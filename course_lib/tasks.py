@@ -16,7 +16,13 @@ from typing import NamedTuple
 
 import torch
 
-from ._validate import require_ndim, require_positive_int
+from ._validate import (
+    check_id_list,
+    require_generator,
+    require_int,
+    require_non_negative_int,
+    require_positive_int,
+)
 from .tokenizer import IGNORE_INDEX, Seq2SeqVocab
 
 # --------------------------------------------------------------------------------------------
@@ -42,18 +48,16 @@ class LMTask(NamedTuple):
 
     def decode(self, ids: Sequence[int] | torch.Tensor, sep: str = " ") -> str:
         """Token names of a 1-D sequence of ids, joined by ``sep`` (-100 shows as ``.``)."""
-        if isinstance(ids, torch.Tensor):
-            require_ndim("ids", ids, (1,), "(T,)")
-            ids = ids.tolist()
+        ids = check_id_list("ids", ids, self.vocab_size, also=(IGNORE_INDEX,))
         return sep.join("." if i == IGNORE_INDEX else self.vocab[i] for i in ids)
 
 
 def _generator(generator: torch.Generator | None, seed: int | None) -> torch.Generator:
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
-    if generator is not None:
+    if require_generator("generator", generator) is not None:
         return generator
-    return torch.Generator().manual_seed(0 if seed is None else seed)
+    return torch.Generator().manual_seed(0 if seed is None else require_int("seed", seed))
 
 
 def _digit_vocab(n_symbols: int, *extra: str) -> tuple[str, ...]:
@@ -178,8 +182,7 @@ def recall_task(
     """
     require_positive_int("n", n)
     require_positive_int("n_symbols", n_symbols)
-    if isinstance(distance, bool) or not isinstance(distance, int) or distance < 0:
-        raise ValueError(f"distance must be an integer >= 0, got {distance!r}")
+    require_non_negative_int("distance", distance)
     gen = _generator(generator, seed)
     query = n_symbols
     seq = torch.randint(n_symbols, (n, distance + 1), generator=gen)  # (N, distance + 1)
@@ -253,6 +256,8 @@ def date_task(
         :class:`TranslationTask` with src (N, 11) and tgt_in, tgt_out (N, 11).
     """
     require_positive_int("n", n)
+    require_int("first_year", first_year)
+    require_int("last_year", last_year)
     if not 1 <= first_year <= last_year <= 9999:
         raise ValueError(
             f"need 1 <= first_year <= last_year <= 9999, got first_year={first_year}, "
@@ -314,9 +319,7 @@ class AlignedTranslationTask(NamedTuple):
     def words(self, ids: Sequence[int] | torch.Tensor) -> str:
         """The words of a 1-D sequence of ids, separated by spaces: stops at ``<eos>`` and
         leaves out ``<bos>`` and padding."""
-        if isinstance(ids, torch.Tensor):
-            require_ndim("ids", ids, (1,), "(T,)")
-            ids = ids.tolist()
+        ids = check_id_list("ids", ids, self.vocab.vocab_size, also=(IGNORE_INDEX,))
         out = []
         for i in ids:
             if i == self.vocab.eos_id:
@@ -376,8 +379,7 @@ def word_order_task(
         S = 5 + 2 * max_adjectives and T = S + 1 (for the longest sentences).
     """
     require_positive_int("n", n)
-    if isinstance(max_adjectives, bool) or not isinstance(max_adjectives, int) \
-            or not 0 <= max_adjectives <= 3:
+    if not 0 <= require_int("max_adjectives", max_adjectives) <= 3:
         raise ValueError(f"max_adjectives must be an integer from 0 to 3, got {max_adjectives!r}")
     gen = _generator(generator, seed)
     vocab = word_order_vocab()

@@ -13,7 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import require_ndim
+from ._validate import (
+    check_id,
+    check_id_list,
+    require_bool,
+)
 
 IGNORE_INDEX = -100  # targets equal to this are left out of the loss (PyTorch's default)
 
@@ -94,17 +98,8 @@ class CharTokenizer:
 
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """The text of a list or 1-D tensor of ids."""
-        if isinstance(ids, torch.Tensor):
-            require_ndim("ids", ids, (0, 1), "(T,) (decode one sequence at a time)")
-            ids = ids.reshape(-1).tolist()
-        out = []
-        for i, idx in enumerate(ids):
-            if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < self.vocab_size:
-                raise ValueError(
-                    f"ids[{i}] is {idx!r}, but valid ids are integers 0..{self.vocab_size - 1}"
-                )
-            out.append(self.chars[idx])
-        return "".join(out)
+        chars = self.chars
+        return "".join(chars[i] for i in check_id_list("ids", ids, self.vocab_size))
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -132,6 +127,10 @@ class Seq2SeqVocab:
     bos_id: int = 1
     eos_id: int = 2
 
+    def __post_init__(self) -> None:
+        for name in ("pad_id", "bos_id", "eos_id"):
+            check_id(name, getattr(self, name), len(self.tokens))
+
     @classmethod
     def from_chars(cls, chars: Iterable[str]) -> Seq2SeqVocab:
         """Specials first, then the sorted distinct characters."""
@@ -158,10 +157,9 @@ class Seq2SeqVocab:
 
     def decode(self, ids: Sequence[int] | torch.Tensor, *, strip: bool = True) -> str:
         """Text of a 1-D sequence of ids. With ``strip``, stops at ``<eos>`` and leaves out
-        ``<bos>`` and ``<pad>``; otherwise every token is shown."""
-        if isinstance(ids, torch.Tensor):
-            require_ndim("ids", ids, (1,), "(T,)")
-            ids = ids.tolist()
+        ``<bos>`` and ``<pad>``; otherwise every token is shown (-100 as ``·``)."""
+        ids = check_id_list("ids", ids, self.vocab_size, also=(IGNORE_INDEX,))
+        require_bool("strip", strip)
         out = []
         for i in ids:
             if strip and i == self.eos_id:
@@ -172,8 +170,7 @@ class Seq2SeqVocab:
         return "".join(out)
 
     def labels(self, ids: Sequence[int] | torch.Tensor) -> list[str]:
-        """One label per position (for heatmap axes), specials included, padding as ``""``."""
-        if isinstance(ids, torch.Tensor):
-            require_ndim("ids", ids, (1,), "(T,)")
-            ids = ids.tolist()
+        """One label per position (for heatmap axes), specials included, padding (and -100)
+        as ``""``."""
+        ids = check_id_list("ids", ids, self.vocab_size, also=(IGNORE_INDEX,))
         return ["" if i in (self.pad_id, IGNORE_INDEX) else self.tokens[i] for i in ids]

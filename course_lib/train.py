@@ -34,6 +34,7 @@ from ._validate import (
     WrongTypeError,
     require_bool,
     require_callable,
+    require_generator,
     require_int,
     require_integer_tensor,
     require_ndim,
@@ -89,9 +90,10 @@ class TrainConfig:
         lr: peak learning rate, reached at the end of the warm-up.
         min_lr: learning rate at the end of the cosine decay.
         warmup_iters: updates over which the learning rate rises linearly from lr/warmup_iters
-            to lr. Adam's early moment estimates are noisy, so big first steps can wreck the
-            initialisation.
-        lr_decay_iters: the update by which the cosine decay reaches min_lr (None: max_iters).
+            to lr (at most max_iters). Adam's early moment estimates are noisy, so big first
+            steps can wreck the initialisation.
+        lr_decay_iters: the update by which the cosine decay reaches min_lr (None: max_iters;
+            at least warmup_iters).
         weight_decay: AdamW's decoupled weight decay, applied to weight matrices only (see
             :func:`param_groups`).
         betas: Adam's moment decay rates. 0.99 rather than the usual 0.999 for the second
@@ -140,6 +142,23 @@ class TrainConfig:
             require_int("seed", self.seed)
         if self.time_budget is not None:
             _require_positive_or_none("time_budget", self.time_budget, " seconds")
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """The warm-up must end within the run, and the decay after the warm-up."""
+        if self.warmup_iters > self.max_iters:
+            default = " (its default)" if self.warmup_iters == TrainConfig.warmup_iters else ""
+            raise ValueError(
+                f"warmup_iters={self.warmup_iters}{default} is larger than max_iters="
+                f"{self.max_iters}: the learning rate would never reach lr; pass "
+                f"warmup_iters <= max_iters, e.g. warmup_iters={max(self.max_iters // 10, 1)}"
+            )
+        if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
+            raise ValueError(
+                f"lr_decay_iters={self.lr_decay_iters} is smaller than warmup_iters="
+                f"{self.warmup_iters}: the cosine decay would end before the warm-up does; "
+                "use lr_decay_iters >= warmup_iters (or None for max_iters)"
+            )
 
     def lr_at(self, step: int, decay_iters: int | None = None) -> float:
         """The learning rate of update ``step`` (0-based) under this config's schedule."""
@@ -167,6 +186,12 @@ def lr_schedule(
     require_non_negative_number("min_lr", min_lr)
     require_non_negative_int("warmup_iters", warmup_iters)
     require_positive_int("decay_iters", decay_iters)
+    if min_lr > lr:
+        raise ValueError(f"min_lr={min_lr} is larger than lr={lr}: the cosine decays from lr "
+                         "down to min_lr")
+    if decay_iters < warmup_iters:
+        raise ValueError(f"decay_iters={decay_iters} is smaller than warmup_iters={warmup_iters}: "
+                         "the cosine decay would end before the warm-up does")
     return _lr_at(step, lr, min_lr, warmup_iters, decay_iters)
 
 
@@ -231,14 +256,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
 
 def _require_generator(generator: object) -> None:
     """None, or a CPU torch.Generator (the batch functions draw their indices on the CPU)."""
-    if generator is None:
-        return
-    if not isinstance(generator, torch.Generator):
-        raise WrongTypeError(
-            f"generator must be a torch.Generator or None, got {generator!r} "
-            f"({type(generator).__name__}); for a seed s use torch.Generator().manual_seed(s)"
-        )
-    if generator.device.type != "cpu":
+    if require_generator("generator", generator) is not None and generator.device.type != "cpu":
         raise ValueError(
             f"generator must be a CPU torch.Generator, got one on {generator.device}: batches "
             "are drawn on the CPU and moved to the model's device by train()"
@@ -266,6 +284,7 @@ def lm_batches(
     require_ndim("data", data, (1,), "(N,) (one long token stream)")
     require_integer_tensor("data", data, "token ids")
     require_positive_int("batch_size", batch_size)
+    require_positive_int("block_size", block_size)
     _require_generator(generator)
     get_batch(data[: block_size + 1], 1, block_size)  # fail now, not at the first step
 

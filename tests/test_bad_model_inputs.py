@@ -147,9 +147,9 @@ def test_loss_targets_that_are_floats_or_outside_the_vocabulary():
 def test_encoder_decoder_errors_name_src_tgt_and_the_limit():
     model = _seq2seq()
     src, tgt = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"src has 6 tokens .* max_len=5"):
+    with pytest.raises(ValueError, match=r"src has 6 tokens .* max_src_len=5"):
         model(torch.ones(2, 6, dtype=torch.long), tgt)
-    with pytest.raises(ValueError, match=r"tgt has 5 tokens .* max_len=4"):
+    with pytest.raises(ValueError, match=r"tgt has 5 tokens .* max_tgt_len=4"):
         model(src, torch.ones(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match=r"src holds ids from 1 to 9.*0..8"):
         model(torch.tensor([[1, 9]]), tgt[:1])
@@ -190,7 +190,8 @@ def test_a_block_called_directly_checks_its_masks():
     with pytest.raises(ValueError, match=r"mask has shape \(4, 4\), which does not broadcast"):
         block(torch.randn(2, 3, 8), mask=torch.ones(4, 4, dtype=torch.bool))
     cross = DecoderBlock(8, 2, cross_attention=True)
-    with pytest.raises(ValueError, match=r"context has shape \(2, 5, 6\) but its last dimension "
+    with pytest.raises(ValueError, match=r"encoder_hidden_states has shape \(2, 5, 6\) but its "
+                                         r"last dimension "
                                          r"should be d_model=8"):
         cross(torch.randn(2, 3, 8), torch.randn(2, 5, 6))
 

@@ -43,7 +43,9 @@ def _copy_setup(seed: int = 0, **config):
     batches = random_batches(tensors, 32, generator=torch.Generator().manual_seed(seed))
     val = random_batches(tensors, 32, generator=torch.Generator().manual_seed(seed + 1))
     defaults = dict(max_iters=60, lr=3e-3, warmup_iters=5, eval_interval=20, eval_iters=2)
-    return model, batches, val, TrainConfig(**{**defaults, **config})
+    config = {**defaults, **config}
+    config["warmup_iters"] = min(config["warmup_iters"], config["max_iters"])  # short runs
+    return model, batches, val, TrainConfig(**config)
 
 
 # --------------------------------------------------------------------------------------------
