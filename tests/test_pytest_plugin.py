@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("nbval")
 
 REDRAWS = 8_000  # well above ZeroMQ's default queue of 1,000 messages at each end
+PAYLOAD = 4_000  # characters a redraw: 32 MB in all, more than the sockets' buffers hold
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def flood(tmp_path_factory):
             "from IPython.display import display\n"
             "handle = display('starting', display_id=True)\n"
             f"for i in range({REDRAWS}):\n"
-            "    handle.update(i)\n"
+            f"    handle.update(str(i).rjust({PAYLOAD}))\n"
             "print('done')"),
         nbformat.v4.new_code_cell("print('the next cell runs too')"),
     ]
