@@ -11,8 +11,9 @@ The model library, bottom-up:
     layers      FeedForward, LayerNorm and RMSNorm (from the equations)
     blocks      EncoderBlock, DecoderBlock (pre- or post-norm, optional cross-attention)
     configs     EncoderConfig, DecoderConfig, EncoderDecoderConfig, the models' outputs
+    cache       the key/value cache (one layer's, and a whole decoder's)
     models      Encoder, DecoderLM, EncoderDecoder, lm_loss, parameter counts
-    generation  sampling (temperature, top-k, top-p), generation loops, the key/value cache
+    generation  sampling (temperature, top-k, top-p), generation loops
     efficient   chunked (online-softmax), sliding-window and low-rank attention; peak memory
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -43,10 +42,8 @@ from ._validate import (
     require_tensor,
     shape_of,
 )
+from .cache import LayerKVCache
 from .positions import RotaryEmbedding
-
-if TYPE_CHECKING:
-    from .generation import LayerKVCache
 
 _MASK_SHAPES = "(T, S), (H, T, S), (B, 1, T, S) or (B, H, T, S), broadcastable to the scores"
 
@@ -388,7 +385,7 @@ class MultiHeadAttention(nn.Module):
             bias: float added to the scores, broadcastable to (B, H, T, S) (e.g. ALiBi).
             is_causal: also apply the future mask (query t sees keys s <= t).
             return_weights: also return the attention weights (uses the math path).
-            past_key_value: self-attention only: a :class:`~course_lib.generation.LayerKVCache`
+            past_key_value: self-attention only: a :class:`~course_lib.cache.LayerKVCache`
                 holding the keys and values of the S - T positions before ``x``; the new ones
                 are appended and the T queries attend to all S (masks, biases and
                 ``attention_mask`` then cover all S keys; the causal mask aligns the queries
@@ -400,7 +397,6 @@ class MultiHeadAttention(nn.Module):
         """
         if checks_wanted():
             if past_key_value is not None:
-                from .generation import LayerKVCache  # here: generation imports this module
                 if not isinstance(past_key_value, LayerKVCache):
                     raise WrongTypeError(
                         "past_key_value must be one layer's cache (a LayerKVCache, e.g. "

@@ -32,7 +32,7 @@ from ._validate import (
     shape_of,
 )
 from .attention import MultiHeadAttention, check_attention_inputs
-from .generation import LayerKVCache
+from .cache import LayerKVCache
 from .layers import FeedForward, dropout_layer
 
 

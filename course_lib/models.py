@@ -30,6 +30,7 @@ from ._validate import (
     values_checked,
 )
 from .blocks import DecoderBlock, EncoderBlock, check_encoder_states
+from .cache import KVCache
 from .configs import (
     DecoderConfig,
     EncoderConfig,
@@ -38,7 +39,7 @@ from .configs import (
     LMOutput,
     TransformerConfig,
 )
-from .generation import KVCache, generate, generate_seq2seq
+from .generation import generate, generate_seq2seq
 from .layers import dropout_layer
 from .positions import (
     LearnedPositionalEmbedding,
@@ -383,7 +384,7 @@ class DecoderLM(_Stack):
             encoder_attention_mask: (B, S) boolean or 0/1 integers, True/1 for real source
                 tokens.
             output_attentions: also return attention weights.
-            past_key_values: a :class:`~course_lib.generation.KVCache` holding the keys and
+            past_key_values: a :class:`~course_lib.cache.KVCache` holding the keys and
                 values of the S tokens before ``ids`` (empty at first): ``ids`` are taken as
                 positions S .. S + T - 1, and the cache is extended with them in place (as
                 Hugging Face's ``DynamicCache``).
@@ -451,7 +452,7 @@ class DecoderLM(_Stack):
         """The checks of ids and attention_mask for new tokens that follow the cached ones;
         returns attention_mask as booleans."""
         if not isinstance(cache, KVCache):
-            raise TypeError(f"past_key_values must be a course_lib.generation.KVCache (start "
+            raise TypeError(f"past_key_values must be a course_lib.cache.KVCache (start "
                             f"with an empty KVCache()), got {type(cache).__name__}")
         c, n_past = self.config, cache.get_seq_length()
         _check_sequence(ids, None, c)

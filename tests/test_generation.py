@@ -20,10 +20,9 @@ from transformers.generation.logits_process import (
 )
 
 from course_lib.attention import MultiHeadAttention
+from course_lib.cache import KVCache, LayerKVCache
 from course_lib.configs import DecoderConfig, EncoderDecoderConfig
 from course_lib.generation import (
-    KVCache,
-    LayerKVCache,
     generate,
     next_token_probs,
     sample_next_token,
@@ -334,7 +333,7 @@ def test_bad_sampling_arguments_name_themselves():
 def test_bad_caches_are_refused_with_clear_messages():
     model = _gpt()  # learned positions, max_len 16, 3 layers
     ids = torch.tensor([[1, 2, 3]])
-    with pytest.raises(TypeError, match="past_key_values must be a course_lib.generation."
+    with pytest.raises(TypeError, match="past_key_values must be a course_lib.cache."
                                         "KVCache .*got tuple"):
         model(ids, past_key_values=(torch.zeros(1), torch.zeros(1)))
     cache = KVCache()

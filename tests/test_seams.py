@@ -12,10 +12,9 @@ import torch
 
 from course_lib.attention import MultiHeadAttention
 from course_lib.blocks import DecoderBlock, EncoderBlock
+from course_lib.cache import KVCache, LayerKVCache
 from course_lib.configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
 from course_lib.generation import (
-    KVCache,
-    LayerKVCache,
     generate,
     generate_seq2seq,
     sample_next_token,
@@ -357,7 +356,6 @@ def test_generate_seq2seq_checks_its_model_and_ids():
 
 def test_attention_takes_one_layers_cache_not_the_whole_cache():
     from course_lib import MultiHeadAttention
-    from course_lib.generation import KVCache
 
     attention = MultiHeadAttention(8, 2)
     with pytest.raises(TypeError, match="past_key_value must be one layer's cache"):

@@ -10,8 +10,8 @@ import pytest
 
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
 DATA_MODULES = {"corpus", "tokenizer", "tasks", "metrics"}
-MODEL_MODULES = {"attention", "blocks", "configs", "generation", "layers", "models", "positions",
-                 "rnn", "pretrained", "train", "probes"}
+MODEL_MODULES = {"attention", "blocks", "cache", "configs", "generation", "layers", "models",
+                 "positions", "rnn", "pretrained", "train", "probes"}
 MAX_CODE_LINES = 60
 
 
@@ -56,6 +56,32 @@ def test_the_data_modules_never_import_the_models():
         if bad:
             offenders[name] = bad
     assert offenders == {}
+
+
+def _import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph (module -> modules it imports) as a path, or [] if none."""
+    def walk(module: str, path: list[str]) -> list[str]:
+        for imported in sorted(graph.get(module, ())):
+            if imported in path:
+                return path[path.index(imported):] + [imported]
+            if cycle := walk(imported, path + [imported]):
+                return cycle
+        return []
+    for module in sorted(graph):
+        if cycle := walk(module, [module]):
+            return cycle
+    return []
+
+
+def test_the_model_library_has_no_import_cycle():
+    """Type-checking imports count too: a reader following them must not go round in circles
+    (the key/value cache lives below attention, which takes it)."""
+    names = {_module_name(p) for p in _library_files()}
+    graph = {_module_name(p): {i for i in _imports(p) if i in names} - {_module_name(p)}
+             for p in _library_files()}
+    assert _import_cycle(graph) == []
+    assert "course_lib.attention" not in graph["course_lib.cache"]
+    assert _import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
 def _code_lines(node: ast.FunctionDef, lines: list[str]) -> int:
