@@ -10,6 +10,7 @@ Hugging Face: ``attention_mask`` (True/1 = a real token), ``output_attentions``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -231,7 +232,8 @@ def _block_kwargs(config: TransformerConfig) -> dict:
 class _Stack(nn.Module):
     """What the encoder and the decoder share: embeddings, blocks, the final norm, ALiBi."""
 
-    def _build(self, config: TransformerConfig, blocks: list[nn.Module], **embedding) -> None:
+    def __init__(self, config: TransformerConfig, blocks: list[nn.Module], **embedding) -> None:
+        super().__init__()
         self.config = config
         self.embeddings = Embeddings(
             config.vocab_size, config.d_model, max_len=config.max_len,
@@ -265,14 +267,13 @@ class Encoder(_Stack):
     """
 
     def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
         if not isinstance(config, EncoderConfig):
             raise TypeError(f"config must be an EncoderConfig, got {type(config).__name__}")
         blocks = [EncoderBlock(config.d_model, config.n_heads, config.d_ff,
                                **_block_kwargs(config))
                   for _ in range(config.n_layers)]
-        self._build(config, blocks, type_vocab_size=config.type_vocab_size,
-                    norm=config.embed_norm)
+        super().__init__(config, blocks, type_vocab_size=config.type_vocab_size,
+                         norm=config.embed_norm)
         init_weights(self, config.n_layers)
 
     def forward(
@@ -348,14 +349,13 @@ class DecoderLM(_Stack):
     """
 
     def __init__(self, config: DecoderConfig) -> None:
-        super().__init__()
         if not isinstance(config, DecoderConfig):
             raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
         blocks = [DecoderBlock(config.d_model, config.n_heads, config.d_ff,
                                cross_attention=config.cross_attention,
                                **_block_kwargs(config))
                   for _ in range(config.n_layers)]
-        self._build(config, blocks)
+        super().__init__(config, blocks)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         init_weights(self, config.n_layers)
         if config.tie_embeddings:
@@ -513,7 +513,7 @@ class EncoderDecoder(nn.Module):
         self.encoder = Encoder(config.encoder)
         decoder = config.decoder
         if not decoder.cross_attention:
-            decoder = DecoderConfig(**{**decoder.__dict__, "cross_attention": True})
+            decoder = dataclasses.replace(decoder, cross_attention=True)
         self.decoder = DecoderLM(decoder)
 
     def forward(
