@@ -103,9 +103,9 @@ def attention_variants(args: argparse.Namespace) -> dict[str, Callable]:
     return {
         "naive": naive,
         "chunked": lambda q, k, v: chunked_attention(q, k, v, block_size=args.block_size,
-                                                     causal=causal),
+                                                     is_causal=causal),
         "windowed": lambda q, k, v: sliding_window_attention(q, k, v, window=args.window,
-                                                             causal=causal),
+                                                             is_causal=causal),
         # T == S here, so torch's top-left-aligned is_causal is the same mask as ours
         "fused": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
     }

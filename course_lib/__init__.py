@@ -17,21 +17,25 @@ The model library, bottom-up:
     efficient   chunked (online-softmax), sliding-window and low-rank attention; peak memory
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
-    tasks       synthetic tasks: copy, reverse, sort, long-range recall, date translation,
-                word-order translation with a known alignment
+    tasks       synthetic tasks: copy, long-range recall, word-order translation with a known
+                alignment
     metrics     token and sequence accuracy, the alignment score of cross-attention
     train       a small training loop (AdamW, warm-up and cosine decay, clipping, evaluation)
-    pretrained  a real pretrained BERT encoder (all-MiniLM-L6-v2) in our own Encoder
-    probes      black-box tests of which outputs depend on which inputs (future leaks), head
-                ablation, per-layer gradient norms, head roles
-    divergence  the first submodule where two implementations of one network disagree
-    viz         attention heatmaps, a real model's head view, the course's plot style, widgets
+    pretrained  a real BERT checkpoint in our own Encoder: config, weight map, loading,
+                mean pooling
 
-The course's tooling (graded checks, the exercise generator, the grader, the Colab set-up) is
-in ``course_lib.course``; it imports the model library, never the other way round.
+The course's tooling is in ``course_lib.course``; it imports the model library, never the other
+way round: graded checks, the exercise generator, the grader, the Colab set-up, and the
+instruments that are not lessons:
+    course.probes      black-box tests of which outputs depend on which inputs (future leaks),
+                       head ablation, per-layer gradient norms, head roles
+    course.divergence  the first submodule where two implementations of one network disagree
+    course.viz         attention heatmaps, a real model's head view, the plot style, widgets
+    course.bert_app    load_pretrained_encoder: the bundled all-MiniLM-L6-v2 with its
+                       tokenizer, encode(...), sentence embeddings, semantic search
 
-The heavier modules (corpus, train, pretrained, probes, divergence, viz) are imported on demand:
-``from course_lib.pretrained import load_pretrained_encoder``.
+The heavier modules (corpus, train, pretrained, the course tools) are imported on demand:
+``from course_lib.course.bert_app import load_pretrained_encoder``.
 """
 
 from .attention import (
@@ -61,7 +65,7 @@ from .positions import (
 )
 from .rnn import ElmanRNN, elman_forward, elman_step, gradient_norms, sequential_depth
 
-__version__ = "1.0.0"
+__version__ = "2.0.0"
 
 __all__ = [
     "DecoderBlock",

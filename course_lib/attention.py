@@ -1,19 +1,13 @@
 """Attention: scores, softmax, scaled dot-product attention, masks and multi-head attention.
 
-Shape legend: B batch, H heads, T query length, S key/value length, D d_model, Dh head dim.
-``(...)`` stands for any leading batch-like dimensions, e.g. (B, H).
+Shape legend: B batch, H heads, T query length, S key/value length, D d_model, Dh head dim;
+``(...)`` stands for any leading dimensions, e.g. (B, H).
 
-Conventions:
-    * Masks are boolean and True means "may attend" (the convention of
-      ``torch.nn.functional.scaled_dot_product_attention``). Masked scores are filled with -inf.
-    * Masks and additive biases broadcast against the scores (..., T, S) with the usual
-      broadcasting rules: (T, S) applies to every example and head, (H, T, S) per head,
-      (B, 1, T, S) per example, (B, H, T, S) per example and head.
-    * A query whose every key is masked gets all-zero weights and a zero output instead of NaN,
-      the same choice PyTorch's fused attention makes.
-    * Padding is given as ``attention_mask`` of shape (B, S), True for real tokens, as in
-      Hugging Face. torch.nn's ``key_padding_mask`` means the opposite (True = ignore this key):
-      convert with ``attention_mask = ~key_padding_mask``.
+Masks are boolean, True = may attend (as in ``F.scaled_dot_product_attention``), and broadcast
+against the scores (..., T, S): (T, S), (H, T, S), (B, 1, T, S) or (B, H, T, S). Masked scores
+become -inf; a query whose every key is masked gets zero weights and a zero output, not NaN
+(as PyTorch's fused attention does). Padding is ``attention_mask`` (B, S), True/1 = a real
+token, as in Hugging Face; torch.nn's ``key_padding_mask`` is its negation.
 """
 
 from __future__ import annotations
@@ -26,88 +20,47 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._validate import (
-    WrongTypeError,
+    check_bools,
+    check_positive_ints,
     checks_wanted,
-    require_bool,
+    inputs_checked,
     require_bool_mask,
     require_broadcastable,
     require_dtype_of,
     require_features,
     require_floating,
+    require_integer_tensor,
     require_ndim,
     require_non_negative_int,
-    require_positive_int,
+    require_padding_mask,
     require_positive_number,
     require_probability,
+    require_same_dtype,
+    require_size,
     require_tensor,
     shape_of,
 )
 from .cache import LayerKVCache
 from .positions import RotaryEmbedding
 
-_MASK_SHAPES = "(T, S), (H, T, S), (B, 1, T, S) or (B, H, T, S), broadcastable to the scores"
-
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Numerically stable softmax along ``dim``.
-
-    Subtracting the row maximum before ``exp`` changes nothing mathematically (it cancels in
-    the ratio) but keeps ``exp`` from overflowing for large scores. A row that is entirely
-    -inf (every key masked) returns zeros rather than NaN.
+    """Numerically stable softmax along ``dim``; a row that is all -inf gives zeros, not NaN.
 
     Args:
-        x: scores of any shape.
-        dim: the axis to normalise over; attention always uses the last one (over keys).
+        x: scores of any shape, floating point.
+        dim: the axis to normalise over (attention: the last one, over the keys).
 
     Returns:
-        Tensor of the same shape whose entries along ``dim`` are >= 0 and sum to 1 (or are all
-        0 for a fully masked row).
+        Same shape as ``x``: >= 0 and summing to 1 along ``dim`` (0 for a fully masked row).
     """
-    require_tensor("x", x)
-    require_floating("x", x)
-    return _softmax(x, dim)
-
-
-def _softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    _check_softmax(x)
+    # softmax(x)_j = exp(x_j - m) / sum_i exp(x_i - m), m = max_i x_i: exp cannot overflow
     row_max = x.amax(dim=dim, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    exp = torch.exp(x - row_max)
+    exp = torch.exp(x - row_max)  # an all -inf row shifts by 0 and gives exp = 0
     total = exp.sum(dim=dim, keepdim=True)
-    return exp / torch.where(total > 0, total, torch.ones_like(total))
-
-
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
-    """q, k (and v) must be floating tensors of one dtype whose shapes fit together."""
-    require_ndim("q", q, (2, 3, 4, 5), "(..., T, Dh)")
-    require_ndim("k", k, (2, 3, 4, 5), "(..., S, Dh)")
-    pairs = [("k", k)]
-    if v is not None:
-        require_ndim("v", v, (2, 3, 4, 5), "(..., S, Dv)")
-        pairs.append(("v", v))
-    require_floating("q", q)
-    for name, t in pairs:
-        require_floating(name, t)
-        if t.dtype != q.dtype:
-            raise ValueError(
-                f"q has dtype {q.dtype} but {name} has dtype {t.dtype}; give them one dtype, "
-                f"e.g. {name}.to(q.dtype)"
-            )
-        if t.shape[:-2] != q.shape[:-2]:
-            raise ValueError(
-                f"q has shape {shape_of(q)} and {name} has shape {shape_of(t)}: their leading "
-                f"(batch, head) dimensions {tuple(q.shape[:-2])} and {tuple(t.shape[:-2])} "
-                f"must match"
-            )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same last dimension (the query/key size Dh), but q has shape "
-            f"{shape_of(q)} and k has shape {shape_of(k)}"
-        )
-    if v is not None and v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"k and v must have the same number of positions S, but k has shape {shape_of(k)} "
-            f"and v has shape {shape_of(v)}"
-        )
+    return exp / torch.where(total > 0, total, torch.ones_like(total))  # 0 / 1 = 0, not NaN
 
 
 def attention_scores(
@@ -116,22 +69,15 @@ def attention_scores(
     """Query-key affinities, scores[..., t, s] = scale * q_t . k_s.
 
     Args:
-        q: queries, shape (..., T, Dh).
-        k: keys, shape (..., S, Dh).
-        scale: multiplier for the dot products, > 0; defaults to 1/sqrt(Dh) (pass 1.0 for
-            the unscaled scores of eq. 8 in the notes).
+        q: queries, (..., T, Dh).
+        k: keys, (..., S, Dh).
+        scale: > 0; defaults to 1/sqrt(Dh) (1.0 gives the unscaled scores of eq. 8).
 
     Returns:
-        Scores of shape (..., T, S), before any softmax.
+        Scores (..., T, S), before any softmax.
     """
-    _check_qkv(q, k)
-    _check_scale(scale)
-    return _scores(q, k, scale)
-
-
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float | None) -> torch.Tensor:
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    check_qkv(q, k, scale=scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return (q @ k.transpose(-2, -1)) * scale  # q k^T / sqrt(Dh): (..., T, S)
 
 
@@ -141,53 +87,33 @@ def scaled_dot_product_attention(
     v: torch.Tensor,
     *,
     mask: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
+    attn_bias: torch.Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(Dh) + bias, masked) v, written out so the weights can be inspected.
+    """Returns (out, weights): softmax(q k^T / sqrt(Dh) + attn_bias, masked) v and the weights
+    -- unlike torch's ``F.scaled_dot_product_attention``, which returns out only.
 
     Args:
-        q: queries, shape (..., T, Dh).
-        k: keys, shape (..., S, Dh).
-        v: values, shape (..., S, Dv).
+        q: queries, (..., T, Dh).
+        k: keys, (..., S, Dh).
+        v: values, (..., S, Dv).
         mask: boolean, True = may attend, broadcastable to (..., T, S).
-        bias: float, added to the scores (e.g. ALiBi), broadcastable to (..., T, S).
-        scale: multiplier for the dot products, > 0; defaults to 1/sqrt(Dh).
-        dropout_p: dropout probability applied to the weights (0 at evaluation).
+        attn_bias: float, added to the scores (e.g. ALiBi), broadcastable to (..., T, S).
+        scale: > 0; defaults to 1/sqrt(Dh).
+        dropout_p: dropout on the weights (0 at evaluation).
 
     Returns:
-        ``(out, weights)``: out of shape (..., T, Dv) and weights of shape (..., T, S).
+        ``(out, weights)``: out (..., T, Dv) and weights (..., T, S).
     """
-    _check_qkv(q, k, v)
-    scores_shape = (*q.shape[:-1], k.shape[-2])
-    if mask is not None:
-        require_bool_mask("mask", mask)
-        require_broadcastable("mask", mask, scores_shape, _MASK_SHAPES)
-    if bias is not None:
-        require_tensor("bias", bias)
-        require_floating("bias", bias)
-        require_broadcastable("bias", bias, scores_shape, _MASK_SHAPES)
-    _check_scale(scale)
-    require_probability("dropout_p", dropout_p)
-    return _attention(q, k, v, mask, bias, scale, dropout_p)
-
-
-def _attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    scale: float | None,
-    dropout_p: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    scores = _scores(q, k, scale)  # (..., T, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    if bias is not None:
-        scores = scores + bias
-    weights = _softmax(scores, dim=-1)  # (..., T, S), each row sums to 1 over the keys
+    _check_sdpa(q, k, v, mask, attn_bias, scale)
+    with inputs_checked():
+        scores = attention_scores(q, k, scale=scale)  # (..., T, S)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        if attn_bias is not None:
+            scores = scores + attn_bias
+        weights = softmax(scores, dim=-1)  # (..., T, S), each row sums to 1 over the keys
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     return weights @ v, weights  # (..., T, Dv), (..., T, S)
@@ -196,16 +122,13 @@ def _attention(
 def causal_mask(
     n_queries: int, n_keys: int | None = None, *, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """Boolean future mask: query t may attend to key s only if s <= t.
+    """Boolean future mask, (T, S): query t may attend to key s only if s <= t + S - T.
 
-    With S > T (queries are the last T of S positions, as when generating with a cache) the
-    mask is shifted so query t sits at key position t + S - T.
-
-    Returns:
-        Boolean tensor of shape (T, S), lower-triangular when T == S.
+    The queries are the last T of S positions (lower-right aligned, as when generating with a
+    cache, and as Hugging Face does); for T == S the mask is lower-triangular.
     """
-    require_positive_int("n_queries", n_queries)
-    n_keys = n_queries if n_keys is None else require_positive_int("n_keys", n_keys)
+    n_keys = n_queries if n_keys is None else n_keys
+    check_positive_ints(n_queries=n_queries, n_keys=n_keys)
     ones = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device)
     return torch.tril(ones, diagonal=n_keys - n_queries)  # (T, S)
 
@@ -216,69 +139,44 @@ def padding_mask(
     *,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Padding mask (an ``attention_mask``) for right-padded sequences: True marks a real token.
+    """An ``attention_mask`` for right-padded sequences, (B, S): True marks a real token.
 
     Args:
         lengths: the true length of each sequence, B integers.
-        max_len: padded length S (defaults to the longest length).
+        max_len: the padded length S (defaults to the longest length).
 
     Returns:
-        Boolean tensor of shape (B, S). Use ``mask[:, None, None, :]`` to broadcast it against
-        scores of shape (B, H, T, S).
+        Boolean (B, S); ``mask[:, None, None, :]`` broadcasts against scores (B, H, T, S).
     """
     lengths = torch.as_tensor(lengths, device=device)
-    require_ndim("lengths", lengths, (1,), "(B,)")
-    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-        raise ValueError(f"lengths must be integers, got dtype {lengths.dtype}")
-    if lengths.numel() and int(lengths.min()) < 0:
-        raise ValueError(f"lengths must be >= 0, got {lengths.tolist()}")
-    longest = int(lengths.max()) if lengths.numel() else 0
+    _check_padding(lengths, max_len)
     if max_len is None:
-        max_len = longest
-    elif require_non_negative_int("max_len", max_len) < longest:
-        raise ValueError(f"lengths has a sequence of length {longest} > max_len={max_len}")
+        max_len = int(lengths.max()) if lengths.numel() else 0
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, T, D) -> (B, H, T, D/H): give each head its own slice of the model dimension.
+    """(B, T, D) -> (B, H, T, Dh): head h gets features h*Dh .. (h+1)*Dh - 1 of every position.
 
-    Head h gets features ``h*Dh .. (h+1)*Dh - 1`` of every position. The transpose matters: a
-    plain ``view(B, H, T, Dh)`` would also have the right shape, but it would cut the (T, D)
-    block row-major and hand each head a mixture of positions.
+    The transpose matters: ``view(B, H, T, Dh)`` alone has the right shape but cuts the (T, D)
+    block row-major and hands each head a mixture of positions.
 
     Args:
         x: (B, T, D), e.g. the queries of every head side by side, ``x @ W_q.T``.
         n_heads: H, which must divide D.
 
     Returns:
-        (B, H, T, Dh), a view of ``x`` (no copy): the heads as a batch axis.
+        (B, H, T, Dh), a view of ``x``: the heads as a batch axis.
     """
-    require_ndim("x", x, (3,), "(B, T, D)")
-    _check_heads(x.shape[-1], n_heads)
-    return _split_heads(x, n_heads)
-
-
-def _split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    _check_split_heads(x, n_heads)
     batch, seq_len, d_model = x.shape
     return x.view(batch, seq_len, n_heads, d_model // n_heads).transpose(1, 2)  # (B, H, T, Dh)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, Dh) -> (B, T, H*Dh): concatenate the heads' outputs again, the inverse of
-    :func:`split_heads` (head h fills features ``h*Dh .. (h+1)*Dh - 1`` of each position).
-
-    Args:
-        x: (B, H, T, Dh), one output per head and position.
-
-    Returns:
-        (B, T, D) with D = H * Dh, the concatenation of eq. 24 before the output projection.
-    """
-    require_ndim("x", x, (4,), "(B, H, T, Dh)")
-    return _merge_heads(x)
-
-
-def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, Dh) -> (B, T, H*Dh): the heads' outputs concatenated (eq. 24), the inverse of
+    :func:`split_heads`."""
+    _check_merge_heads(x)
     batch, n_heads, seq_len, d_head = x.shape
     return x.transpose(1, 2).reshape(batch, seq_len, n_heads * d_head)  # (B, T, D)
 
@@ -291,16 +189,8 @@ def combine_masks(
     n_keys: int,
     device: torch.device,
 ) -> torch.Tensor | None:
-    """AND together every mask that applies (True = may attend); None when nothing is masked.
-
-    Args:
-        mask: boolean, broadcastable to (B, H, T, S).
-        attention_mask: (B, S) boolean, True for real (non-padding) keys.
-        is_causal: also apply the future mask.
-
-    Returns:
-        A boolean mask broadcastable to (B, H, T, S), or None.
-    """
+    """AND of every mask that applies (True = may attend), broadcastable to (B, H, T, S); None
+    when nothing is masked. ``attention_mask`` is (B, S) boolean, True for real keys."""
     combined = mask
     if attention_mask is not None:
         padding = attention_mask[:, None, None, :]  # (B, 1, 1, S)
@@ -312,31 +202,23 @@ def combine_masks(
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention for self-attention (keys from ``x``) and cross-attention (keys from
-    ``context``), eqs. 22-26 of the notes.
+    """Multi-head attention, eqs. 22-26: self-attention (keys from ``x``) or cross-attention
+    (keys from ``context``).
 
-    Written out, rather than wrapping ``nn.MultiheadAttention``, so that every step is visible
-    and the per-head weights can be returned; a test proves both compute the same function.
-    The projections for queries, keys and values live in one fused linear layer whose weight
-    stacks the rows [W_q; W_k; W_v], shape (3D, D), as ``nn.MultiheadAttention.in_proj_weight``
-    does.
-
-    Two paths compute the same function:
-        * the math path (course_lib's :func:`scaled_dot_product_attention`), which can return
-          the attention weights;
-        * the fused path (``torch.nn.functional.scaled_dot_product_attention``), faster and
-          lighter on memory, which never materialises the weights.
-    ``return_weights=True`` uses the math path, otherwise the fused one runs.
+    One fused projection holds the rows [W_q; W_k; W_v], shape (3D, D), like
+    ``nn.MultiheadAttention.in_proj_weight``. ``return_weights=True`` runs course_lib's
+    :func:`scaled_dot_product_attention` (the weights can be returned); otherwise PyTorch's
+    fused kernel computes the same function.
 
     Args:
-        d_model: D, must be divisible by n_heads.
+        d_model: D, divisible by n_heads.
         n_heads: H; each head works in Dh = D / H dimensions.
         dropout: dropout on the attention weights during training.
-        bias: whether the projections have biases.
-        rope: apply rotary position embeddings to q and k (self-attention only).
+        bias: whether the projections have biases (as in nn.Linear).
+        rope: rotary position embeddings on q and k (self-attention only).
 
     Shapes:
-        forward(x: (B, T, D) or (T, D), context: (B, S, D) or None, ...) ->
+        forward(x (B, T, D) or (T, D), context (B, S, D) or None, ...) ->
         (out (B, T, D), weights (B, H, T, S) or None)
     """
 
@@ -350,10 +232,9 @@ class MultiHeadAttention(nn.Module):
         rope: bool = False,
     ) -> None:
         super().__init__()
-        _check_heads(d_model, n_heads)
+        check_heads(d_model, n_heads)
         require_probability("dropout", dropout)
-        require_bool("bias", bias)
-        require_bool("rope", rope)
+        check_bools(bias=bias, rope=rope)
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
@@ -369,7 +250,7 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        bias: torch.Tensor | None = None,
+        attn_bias: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
         past_key_value: LayerKVCache | None = None,
@@ -380,59 +261,49 @@ class MultiHeadAttention(nn.Module):
             x: the queries' source, (B, T, D) or unbatched (T, D).
             context: the keys' and values' source for cross-attention, (B, S, D) or (S, D).
             mask: boolean, True = may attend, broadcastable to (B, H, T, S).
-            attention_mask: (B, S) boolean, True for real keys and False for padding (Hugging
-                Face's ``attention_mask``; the opposite of torch's ``key_padding_mask``).
-            bias: float added to the scores, broadcastable to (B, H, T, S) (e.g. ALiBi).
-            is_causal: also apply the future mask (query t sees keys s <= t).
-            return_weights: also return the attention weights (uses the math path).
-            past_key_value: self-attention only: a :class:`~course_lib.cache.LayerKVCache`
-                holding the keys and values of the S - T positions before ``x``; the new ones
-                are appended and the T queries attend to all S (masks, biases and
-                ``attention_mask`` then cover all S keys; the causal mask aligns the queries
-                with the last T keys). One layer's cache: Hugging Face's layers instead receive
-                the whole cache and their ``layer_idx``.
+            attention_mask: (B, S) bool or 0/1 integers, True/1 for real keys (Hugging Face's
+                convention; torch's ``key_padding_mask`` is its negation).
+            attn_bias: float added to the scores, broadcastable to (B, H, T, S) (e.g. ALiBi).
+            is_causal: also apply the future mask, lower-right aligned (query t sees keys
+                s <= t + S - T).
+            return_weights: also return the weights (runs the math path).
+            past_key_value: self-attention only: one layer's
+                :class:`~course_lib.cache.LayerKVCache` with the keys and values of the S - T
+                earlier positions; ours are appended and the T queries attend to all S (masks,
+                attn_bias and attention_mask then cover all S keys).
 
         Returns:
-            ``(out, weights)`` with out (B, T, D) and weights (B, H, T, S) or None.
+            ``(out, weights)``: out (B, T, D), weights (B, H, T, S) or None.
         """
-        if checks_wanted():
-            if past_key_value is not None:
-                if not isinstance(past_key_value, LayerKVCache):
-                    raise WrongTypeError(
-                        "past_key_value must be one layer's cache (a LayerKVCache, e.g. "
-                        f"cache.layer(i) of a KVCache), got {type(past_key_value).__name__}")
-            n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
-            check_attention_inputs(self, x, context, mask, attention_mask, bias, n_past=n_past)
-            require_bool("is_causal", is_causal)
-            require_bool("return_weights", return_weights)
-            if past_key_value is not None and context is not None:
-                raise ValueError("past_key_value caches self-attention keys and values; "
-                                 "cross-attention (context=...) takes none")
+        check_attention_inputs(self, x, context, mask, attention_mask, attn_bias, past_key_value,
+                               is_causal=is_causal, return_weights=return_weights)
+        if attention_mask is not None and attention_mask.dtype != torch.bool:
+            attention_mask = attention_mask != 0  # 0/1 integers, as tokenizers return them
         unbatched = x.dim() == 2
-        if unbatched:
-            x = x[None]
-            context = None if context is None else context[None]
-            attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
-
-        q, k, v = self._project(x, context)  # (B, T, D), (B, S, D), (B, S, D)
-        q, k, v = (_split_heads(t, self.n_heads) for t in (q, k, v))  # (B, H, T|S, Dh)
-        offset = 0 if past_key_value is None else past_key_value.get_seq_length()
-        if self.rotary is not None and context is None:
-            positions = None if offset == 0 else torch.arange(
-                offset, offset + q.shape[2], device=q.device)  # (T,): after the cached ones
-            q, k = self.rotary(q, positions), self.rotary(k, positions)
-        if past_key_value is not None:  # keys and values of the earlier positions, then ours
-            k, v = past_key_value.update(k, v)  # (B, H, S, Dh) each
-        dropout_p = self.dropout if self.training else 0.0
-        if return_weights:
-            keep = combine_masks(mask, attention_mask, is_causal, q.shape[2], k.shape[2], x.device)
-            # softmax(q k^T / sqrt(Dh) + bias) v, per head
-            out, weights = _attention(q, k, v, keep, bias, None, dropout_p)
-            # (B, H, T, Dh), (B, H, T, S)
-        else:
-            out, weights = _fused_attention(q, k, v, mask, attention_mask, bias, is_causal,
-                                            dropout_p), None  # (B, H, T, Dh)
-        out = self.out_proj(_merge_heads(out))  # (B, T, D)
+        if unbatched:  # (T, D) -> (1, T, D)
+            x, context = x[None], None if context is None else context[None]
+            attention_mask = None if attention_mask is None else attention_mask[None]
+        with inputs_checked():  # what follows trusts the checks above
+            q, k, v = (split_heads(t, self.n_heads) for t in self._project(x, context))
+            # q (B, H, T, Dh), k and v (B, H, S, Dh)
+            n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
+            if self.rotary is not None and context is None:  # positions after the cached ones
+                positions = torch.arange(n_past, n_past + q.shape[2], device=q.device)  # (T,)
+                q = self.rotary(q, positions=positions)
+                k = self.rotary(k, positions=positions)
+            if past_key_value is not None:  # the earlier positions' keys and values, then ours
+                k, v = past_key_value.update(k, v)  # (B, H, S, Dh) each
+            dropout_p = self.dropout if self.training else 0.0
+            if return_weights:  # softmax(q k^T / sqrt(Dh) + attn_bias) v, per head
+                keep = combine_masks(mask, attention_mask, is_causal, q.shape[2], k.shape[2],
+                                     x.device)
+                out, weights = scaled_dot_product_attention(
+                    q, k, v, mask=keep, attn_bias=attn_bias, dropout_p=dropout_p
+                )  # (B, H, T, Dh), (B, H, T, S)
+            else:
+                out, weights = _fused_attention(q, k, v, mask, attention_mask, attn_bias,
+                                                is_causal, dropout_p), None  # (B, H, T, Dh)
+            out = self.out_proj(merge_heads(out))  # (B, T, D)
         if unbatched:
             return out[0], None if weights is None else weights[0]
         return out, weights
@@ -460,92 +331,135 @@ def _fused_attention(
     v: torch.Tensor,
     mask: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
-    bias: torch.Tensor | None,
+    attn_bias: torch.Tensor | None,
     is_causal: bool,
     dropout_p: float,
 ) -> torch.Tensor:
     """The same function through PyTorch's fused kernel (which never returns the weights)."""
     seq_len, src_len = q.shape[2], k.shape[2]
-    # The kernel's built-in causal mode is fastest, but it aligns the mask top-left, which is
-    # right only when T == S and nothing else is masked.
-    if is_causal and mask is None and attention_mask is None and bias is None \
+    # The kernel's own causal mode is fastest, but it aligns the mask top-left: right only
+    # when T == S and nothing else is masked.
+    if is_causal and mask is None and attention_mask is None and attn_bias is None \
             and seq_len == src_len:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     keep = combine_masks(mask, attention_mask, is_causal, seq_len, src_len, q.device)
     attn_mask = keep
-    if bias is not None:  # one float mask: the bias, with -inf where attending is forbidden
-        bias = bias.to(q.dtype)
-        attn_mask = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
+    if attn_bias is not None:  # one float mask: the bias, -inf where attending is forbidden
+        attn_bias = attn_bias.to(q.dtype)
+        attn_mask = attn_bias if keep is None else attn_bias.masked_fill(~keep, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 
 # ------------------------------------------------------------------------------ argument checks
 
-
-def _check_scale(scale: object) -> None:
-    """None (1/sqrt(Dh)) or a number > 0: scale 0 makes every weight equal (a uniform average)."""
-    if scale is not None:
-        require_positive_number("scale", scale, "the usual scale is 1 / math.sqrt(d_head) "
-                                "(mind the /: 1 // math.sqrt(d_head) is 0.0)")
+_QKV_SHAPES = {"q": "(..., T, Dh)", "k": "(..., S, Dh)", "v": "(..., S, Dv)"}
+_MASK_SHAPES = "(T, S), (H, T, S), (B, 1, T, S) or (B, H, T, S)"
+_LIKE_X = "(B, S, D) or (S, D), batched like x"
 
 
-def _check_heads(d_model: int, n_heads: int) -> None:
-    require_positive_int("d_model", d_model)
-    require_positive_int("n_heads", n_heads)
+def _check_softmax(x: object) -> None:
+    if not checks_wanted():
+        return
+    require_floating("x", require_tensor("x", x))
+
+
+def check_qkv(q: object, k: object, v: object = None, *, scale: object = None) -> None:
+    """q (..., T, Dh), k (..., S, Dh) and v (..., S, Dv): floating, one dtype, shapes that fit;
+    scale None or > 0. Shared by every attention function (course_lib.efficient too)."""
+    if not checks_wanted():
+        return
+    named = {"q": q, "k": k} if v is None else {"q": q, "k": k, "v": v}
+    for name, t in named.items():
+        require_floating(name, require_ndim(name, t, (2, 3, 4, 5), _QKV_SHAPES[name]))
+    require_same_dtype(named)
+    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] \
+            or (v is not None and v.shape[:-1] != k.shape[:-1]):
+        raise ValueError(" and ".join(f"{n} has shape {shape_of(t)}" for n, t in named.items())
+                         + f"; expected {', '.join(map(_QKV_SHAPES.get, named))}, same (...)")
+    if scale is not None:  # 1 // math.sqrt(d) is 0.0: a uniform average
+        require_positive_number("scale", scale, "the usual scale is 1 / math.sqrt(d_head)")
+
+
+def _check_masks(scores_shape: Sequence[int], mask: object, attn_bias: object) -> None:
+    """mask boolean and attn_bias floating, each broadcastable to the scores' shape."""
+    if mask is not None:
+        require_broadcastable("mask", require_bool_mask("mask", mask), scores_shape, _MASK_SHAPES)
+    if attn_bias is not None:
+        require_floating("attn_bias", require_tensor("attn_bias", attn_bias))
+        require_broadcastable("attn_bias", attn_bias, scores_shape, _MASK_SHAPES)
+
+
+def _check_sdpa(q, k, v, mask, attn_bias, scale) -> None:
+    if not checks_wanted():
+        return
+    check_qkv(q, k, v, scale=scale)
+    _check_masks((*q.shape[:-1], k.shape[-2]), mask, attn_bias)
+
+
+def _check_padding(lengths: torch.Tensor, max_len: object) -> None:
+    if not checks_wanted():
+        return
+    require_integer_tensor("lengths", require_ndim("lengths", lengths, (1,), "(B,)"), "lengths")
+    limit = math.inf if max_len is None else require_non_negative_int("max_len", max_len)
+    if lengths.numel() and not 0 <= int(lengths.min()) <= int(lengths.max()) <= limit:
+        raise ValueError(f"lengths must be >= 0 and <= max_len={max_len}, got {lengths.tolist()}")
+
+
+def check_heads(d_model: object, n_heads: object) -> None:
+    """Sizes >= 1, and H divides D (each head gets D // H features); configs use it too."""
+    check_positive_ints(d_model=d_model, n_heads=n_heads)
     if d_model % n_heads:
         options = [h for h in range(1, d_model + 1) if d_model % h == 0]
-        raise ValueError(
-            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
-            f"d_model // n_heads dimensions, so n_heads must divide d_model "
-            f"(it could be one of {options})"
-        )
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: try {options}")
+
+
+def _check_split_heads(x: object, n_heads: object) -> None:
+    if not checks_wanted():
+        return
+    check_heads(require_ndim("x", x, (3,), "(B, T, D)").shape[-1], n_heads)
+
+
+def _check_merge_heads(x: object) -> None:
+    if not checks_wanted():
+        return
+    require_ndim("x", x, (4,), "(B, H, T, Dh)")
 
 
 def check_attention_inputs(
     layer: MultiHeadAttention,
-    x: torch.Tensor,
-    context: torch.Tensor | None,
-    mask: torch.Tensor | None,
-    attention_mask: torch.Tensor | None,
-    bias: torch.Tensor | None,
+    x: object,
+    context: object = None,
+    mask: object = None,
+    attention_mask: object = None,
+    attn_bias: object = None,
+    past_key_value: object = None,
     *,
-    n_past: int = 0,
+    is_causal: object = False,
+    return_weights: object = False,
+    context_name: str = "context",
 ) -> None:
-    """Shapes and dtypes only (no value is read, so this costs nothing on a GPU). ``n_past``
-    cached keys come before the ones computed from ``x`` (self-attention with a cache)."""
+    """The arguments of ``layer.forward``: shapes and dtypes only (no value is read, so this
+    costs nothing on a GPU). Blocks call it at their boundary (naming ``context`` as their
+    caller wrote it, ``context_name``), then run the layer inside
+    :func:`~course_lib._validate.inputs_checked`."""
+    if not checks_wanted():
+        return
+    check_bools(is_causal=is_causal, return_weights=return_weights)
     require_ndim("x", x, (2, 3), "(B, T, D) or (T, D)")
-    require_features("x", x, layer.d_model, "d_model")
-    require_dtype_of("x", x, layer.out_proj.weight, "this attention layer's weights")
-    batched = x.dim() == 3
-    src = x
-    if context is not None:
-        require_ndim("context", context, (x.dim(),),
-                     "(B, S, D), like x" if batched else "(S, D), like x")
-        require_features("context", context, layer.d_model, "d_model")
-        require_dtype_of("context", context, layer.out_proj.weight,
-                         "this attention layer's weights")
-        if batched and context.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"context has batch size {context.shape[0]} (shape {shape_of(context)}) but x "
-                f"has batch size {x.shape[0]} (shape {shape_of(x)}); they must match"
-            )
-        src = context
-    batch = x.shape[0] if batched else 1
-    n_keys = src.shape[-2] + n_past
-    scores_shape = (batch, layer.n_heads, x.shape[-2], n_keys)
-    if mask is not None:
-        require_bool_mask("mask", mask)
-        require_broadcastable("mask", mask, scores_shape, _MASK_SHAPES)
-    if attention_mask is not None:
-        require_bool_mask("attention_mask", attention_mask)
-        expected = (batch, n_keys) if batched else (n_keys,)
-        if tuple(attention_mask.shape) != expected:
-            raise ValueError(
-                f"attention_mask has shape {shape_of(attention_mask)} but should be "
-                f"{'(B, S)' if batched else '(S,)'} = {expected}, with True marking real keys "
-                f"(and False padding)"
-            )
-    if bias is not None:
-        require_tensor("bias", bias)
-        require_floating("bias", bias)
-        require_broadcastable("bias", bias, scores_shape, _MASK_SHAPES)
+    named = {"x": x} if context is None else {"x": x, context_name: context}
+    for name, t in named.items():  # context: (B, S, D) or (S, D), batched like x
+        require_features(name, require_ndim(name, t, (x.dim(),), _LIKE_X), layer.d_model, "d_model")
+        require_dtype_of(name, t, layer.out_proj.weight, "this attention layer's weights")
+    if context is not None and x.dim() == 3:
+        require_size(context_name, context, 0, x.shape[0], "x's batch size")
+    if past_key_value is not None and not isinstance(past_key_value, LayerKVCache):
+        got = type(past_key_value).__name__
+        raise TypeError(f"past_key_value must be one layer's cache (cache.layer(i)), got {got}")
+    if past_key_value is not None and context is not None:
+        raise ValueError("past_key_value caches self-attention; cross-attention takes none")
+    batch = x.shape[0] if x.dim() == 3 else 1
+    n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
+    n_keys = (x if context is None else context).shape[-2] + n_past
+    _check_masks((batch, layer.n_heads, x.shape[-2], n_keys), mask, attn_bias)
+    expected = (batch, n_keys) if x.dim() == 3 else (n_keys,)
+    require_padding_mask("attention_mask", attention_mask, expected, f"should be {expected}")

@@ -1,38 +1,26 @@
-"""Configurations of the top-level models (frozen dataclasses; every block below them takes
-plain keyword arguments) and what the models return.
-
-Each config checks its own fields when it is created, so a wrong value fails where it was
-written, with the field's name, and never deep inside a model.
+"""Configurations of the top-level models (frozen dataclasses that check their fields when
+created) and what the models return. Blocks below the models take plain keyword arguments.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 
 from ._validate import (
-    require_bool,
+    check_bools,
+    check_id,
+    check_positive_ints,
     require_choice,
-    require_int,
     require_non_negative_int,
-    require_positive_int,
     require_positive_number,
     require_probability,
 )
+from .attention import check_heads
 from .layers import ACTIVATIONS
 
 POSITION_KINDS = ("learned", "sinusoidal", "alibi", "rope", "none")
-
-
-def _require_optional_id(name: str, value: object, vocab_size: int) -> None:
-    if value is None:
-        return
-    if not 0 <= require_int(name, value) < vocab_size:
-        raise ValueError(
-            f"{name} must be None or a token id in 0..{vocab_size - 1} (vocab_size={vocab_size}), "
-            f"got {value!r}"
-        )
 
 
 @dataclass(frozen=True)
@@ -43,8 +31,7 @@ class TransformerConfig:
         vocab_size: V.
         d_model, n_heads, n_layers: sizes.
         d_ff: feed-forward width, defaults to 4 * d_model.
-        max_len: the context length: the longest sequence the model takes (a hard limit for
-            learned positions; generation keeps the last ``max_len`` tokens).
+        max_len: the context length (a hard limit with learned positions).
         dropout: dropout probability used throughout during training.
         activation: ``"relu"``, ``"gelu"`` (exact) or ``"gelu_tanh"``.
         norm_first: pre-norm (True) or post-norm (False).
@@ -69,23 +56,16 @@ class TransformerConfig:
     pad_id: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
-            require_positive_int(name, getattr(self, name))
-        if self.d_ff is not None:
-            require_positive_int("d_ff", self.d_ff)
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head "
-                f"gets d_model // n_heads dimensions"
-            )
+        sizes = ("vocab_size", "d_model", "n_heads", "n_layers", "max_len", "d_ff")
+        check_positive_ints(**{n: getattr(self, n) for n in sizes if getattr(self, n) is not None})
+        check_heads(self.d_model, self.n_heads)
         require_probability("dropout", self.dropout)
         require_choice("activation", self.activation, tuple(ACTIVATIONS))
         require_choice("positions", self.positions, POSITION_KINDS)
         require_positive_number("layer_norm_eps", self.layer_norm_eps)
-        for f in fields(self):
-            if f.type in (bool, "bool"):
-                require_bool(f.name, getattr(self, f.name))
-        _require_optional_id("pad_id", self.pad_id, self.vocab_size)
+        check_bools(**{f.name: getattr(self, f.name) for f in fields(self) if f.type == "bool"})
+        if self.pad_id is not None:
+            check_id("pad_id", self.pad_id, self.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -120,41 +100,27 @@ class DecoderConfig(TransformerConfig):
 
 @dataclass(frozen=True)
 class EncoderDecoderConfig:
-    """Config of an :class:`~course_lib.models.EncoderDecoder`: an encoder's config and a
-    decoder's config. Both must have the same d_model (the decoder's cross-attention reads the
-    encoder's output); the decoder is given cross-attention whatever its config says.
-
-    ``EncoderDecoderConfig.shared(...)`` builds both halves from one set of sizes.
+    """Config of an :class:`~course_lib.models.EncoderDecoder`: the two halves' configs, with
+    one d_model (the decoder, given cross-attention whatever its config says, reads the
+    encoder's output). ``EncoderDecoderConfig.shared(...)`` builds both from one set of sizes.
     """
 
     encoder: EncoderConfig
     decoder: DecoderConfig
 
     def __post_init__(self) -> None:
-        if not isinstance(self.encoder, EncoderConfig):
-            raise TypeError(f"encoder must be an EncoderConfig, got {type(self.encoder).__name__}")
-        if not isinstance(self.decoder, DecoderConfig):
-            raise TypeError(f"decoder must be a DecoderConfig, got {type(self.decoder).__name__}")
-        if self.encoder.d_model != self.decoder.d_model:
-            raise ValueError(
-                f"encoder.d_model={self.encoder.d_model} but decoder.d_model="
-                f"{self.decoder.d_model}: cross-attention needs them equal"
-            )
+        enc, dec = self.encoder, self.decoder
+        if not (isinstance(enc, EncoderConfig) and isinstance(dec, DecoderConfig)):
+            raise TypeError("encoder and decoder must be an EncoderConfig and a DecoderConfig, got "
+                            f"{type(enc).__name__} and {type(dec).__name__}")
+        if enc.d_model != dec.d_model:
+            raise ValueError(f"encoder.d_model={enc.d_model} but decoder.d_model={dec.d_model}")
 
     @classmethod
-    def shared(
-        cls,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        *,
-        n_encoder_layers: int = 2,
-        n_decoder_layers: int = 2,
-        max_src_len: int = 64,
-        max_tgt_len: int = 64,
-        pad_id: int | None = None,
-        tie_embeddings: bool = True,
-        **sizes,
-    ) -> EncoderDecoderConfig:
+    def shared(cls, src_vocab_size: int, tgt_vocab_size: int, *, n_encoder_layers: int = 2,
+               n_decoder_layers: int = 2, max_src_len: int = 64, max_tgt_len: int = 64,
+               pad_id: int | None = None, tie_embeddings: bool = True,
+               **sizes) -> EncoderDecoderConfig:
         """Both halves with the same sizes (d_model, n_heads, d_ff, dropout, activation,
         norm_first, positions, layer_norm_eps, bias: any TransformerConfig field in ``sizes``),
         each with its own vocabulary, depth and length; ``pad_id`` marks padding in both."""
@@ -201,4 +167,4 @@ class LMOutput:
     loss: torch.Tensor | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
     cross_attentions: tuple[torch.Tensor, ...] | None = None
-    encoder_attentions: tuple[torch.Tensor, ...] | None = field(default=None)
+    encoder_attentions: tuple[torch.Tensor, ...] | None = None

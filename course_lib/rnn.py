@@ -20,176 +20,70 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._validate import (
+    check_bools,
     check_id,
+    check_positive_ints,
     check_token_ids,
-    require_bool,
+    checks_wanted,
+    inputs_checked,
     require_bool_mask,
     require_choice,
-    require_dtype_of,
     require_floating,
     require_ndim,
-    require_positive_int,
+    require_padding_mask,
     require_same_dtype,
-    require_size,
+    require_tensor,
     shape_of,
 )
 from .tokenizer import IGNORE_INDEX
 
-Activation = Callable[[torch.Tensor], torch.Tensor]
-
-_NONLINEARITIES: dict[str, Activation] = {
+_NONLINEARITIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
     "relu": torch.relu,
 }
 
 
-def _activation(name: str) -> Activation:
-    require_choice("nonlinearity", name, sorted(_NONLINEARITIES))
-    return _NONLINEARITIES[name]
-
-
-# ------------------------------------------------------------------------- argument checks
-
-
-def _check_weights(W: torch.Tensor, U: torch.Tensor, b: torch.Tensor | None) -> int:
-    """Check the shapes W (H, H), U (H, Din), b (H,) or None, and that W is floating; return H."""
-    require_ndim("W", W, (2,), "(H, H)")
-    require_ndim("U", U, (2,), "(H, Din)")
-    hidden = W.shape[0]
-    require_size("W", W, 1, hidden, "W must be square: its number of rows H")
-    require_size("U", U, 0, hidden, "the hidden size H (rows of W)")
-    if b is not None:
-        require_ndim("b", b, (1,), "(H,)")
-        require_size("b", b, 0, hidden, "the hidden size H")
-    require_floating("W", W)
-    return hidden
-
-
-def _check_batch(x_name: str, x_batch: int, h_name: str, h: torch.Tensor) -> None:
-    """A batched hidden state (B, H) must have the inputs' batch size."""
-    if h.dim() == 2 and h.shape[0] != x_batch:
-        raise ValueError(
-            f"{x_name} has batch size {x_batch} but {h_name} has batch size {h.shape[0]} "
-            f"(shape {shape_of(h)})"
-        )
-
-
-def _check_step(
-    x_t: torch.Tensor, h_prev: torch.Tensor, W: torch.Tensor, U: torch.Tensor,
-    b: torch.Tensor | None,
-) -> None:
-    """The arguments of :func:`elman_step`."""
-    require_ndim("x_t", x_t, (1, 2), "(B, Din) or (Din,)")
-    require_ndim("h_prev", h_prev, (1, 2), "(B, H) or (H,)")
-    hidden = _check_weights(W, U, b)
-    require_size("x_t", x_t, -1, U.shape[1], "the input size Din (columns of U)")
-    require_size("h_prev", h_prev, -1, hidden, "the hidden size H (rows of W)")
-    if x_t.dim() == 2:
-        _check_batch("x_t", x_t.shape[0], "h_prev", h_prev)
-    require_same_dtype({"W": W, "U": U, "b": b, "x_t": x_t, "h_prev": h_prev})
-
-
-def _check_sequence(
-    x: torch.Tensor, h0: torch.Tensor | None, W: torch.Tensor, U: torch.Tensor,
-    b: torch.Tensor | None,
-) -> None:
-    """The arguments of :func:`elman_forward` (h0 may be None: zeros)."""
-    require_ndim("x", x, (2, 3), "(B, T, Din) or (T, Din)")
-    if h0 is not None:
-        require_ndim("h0", h0, (1, 2), "(B, H) or (H,)")
-    hidden = _check_weights(W, U, b)
-    require_size("x", x, -1, U.shape[1], "the input size Din (columns of U)")
-    if h0 is not None:
-        require_size("h0", h0, -1, hidden, "the hidden size H")
-        _check_batch("x", x.shape[0] if x.dim() == 3 else 1, "h0", h0)
-    require_same_dtype({"W": W, "U": U, "b": b, "x": x, "h0": h0})
-
-
-# ----------------------------------------------------------------------------- computation
-
-
 def elman_step(
-    x_t: torch.Tensor,
-    h_prev: torch.Tensor,
-    W: torch.Tensor,
-    U: torch.Tensor,
-    b: torch.Tensor | None = None,
-    *,
-    nonlinearity: str = "tanh",
+    x_t: torch.Tensor, h_prev: torch.Tensor, W: torch.Tensor, U: torch.Tensor,
+    b: torch.Tensor | None = None, *, nonlinearity: str = "tanh",
 ) -> torch.Tensor:
     """One step of an Elman RNN, h_t = sigma(W h_{t-1} + U x_t + b) (eq. 4 of the notes).
 
     Args:
-        x_t: the input at step t, shape (B, Din) or (Din,).
-        h_prev: the previous hidden state h_{t-1}, shape (B, H) or (H,).
-        W: hidden-to-hidden weights, shape (H, H).
-        U: input-to-hidden weights, shape (H, Din).
-        b: bias, shape (H,), or None.
+        x_t: the input at step t, (B, Din) or (Din,).
+        h_prev: the previous hidden state h_{t-1}, (B, H) or (H,).
+        W: hidden-to-hidden weights (H, H); U: input-to-hidden weights (H, Din); b: (H,) or None.
         nonlinearity: ``"tanh"`` (default), ``"sigmoid"`` or ``"relu"``.
 
     Returns:
-        h_t, shape (B, H), or (H,) when both x_t and h_prev are unbatched.
-
-    Raises:
-        ValueError: for shapes that do not fit together, or tensors of different dtypes
-            (e.g. float64 from numpy with float32 weights).
+        h_t, (B, H), or (H,) when both x_t and h_prev are unbatched.
     """
-    sigma = _activation(nonlinearity)
-    _check_step(x_t, h_prev, W, U, b)
-    return _elman_step(x_t, h_prev, W, U, b, sigma)
-
-
-def _elman_step(
-    x_t: torch.Tensor, h_prev: torch.Tensor, W: torch.Tensor, U: torch.Tensor,
-    b: torch.Tensor | None, sigma: Activation,
-) -> torch.Tensor:
+    check_elman({"x_t": (x_t, "B? Din"), "h_prev": (h_prev, "B? H")}, W, U, b, nonlinearity)
     # h_t = sigma(W h_{t-1} + U x_t + b); with row vectors W h is h @ W.T
     pre = h_prev @ W.T + x_t @ U.T  # (B, H)
     if b is not None:
         pre = pre + b
-    return sigma(pre)  # (B, H)
+    return _NONLINEARITIES[nonlinearity](pre)  # (B, H)
 
 
 def elman_forward(
-    x: torch.Tensor,
-    h0: torch.Tensor,
-    W: torch.Tensor,
-    U: torch.Tensor,
-    b: torch.Tensor | None = None,
-    *,
-    nonlinearity: str = "tanh",
+    x: torch.Tensor, h0: torch.Tensor | None, W: torch.Tensor, U: torch.Tensor,
+    b: torch.Tensor | None = None, *, nonlinearity: str = "tanh",
 ) -> torch.Tensor:
-    """Run an Elman RNN over a sequence, one step after another.
-
-    Each step needs the previous hidden state, so the loop over t cannot be parallelised:
-    that is the O(T) chain of serial steps attention removes.
+    """Run an Elman RNN over a sequence, one step after another: each step needs the previous
+    hidden state, the O(T) chain of serial steps that attention removes.
 
     Args:
-        x: inputs, shape (B, T, Din) or (T, Din).
-        h0: initial hidden state, shape (B, H) or (H,).
-        W: hidden-to-hidden weights, shape (H, H).
-        U: input-to-hidden weights, shape (H, Din).
-        b: bias, shape (H,), or None.
-        nonlinearity: ``"tanh"`` (default), ``"sigmoid"`` or ``"relu"``.
+        x: inputs, (B, T, Din) or (T, Din).
+        h0: initial hidden state, (B, H) or (H,), or None for zeros.
+        W, U, b, nonlinearity: as in :func:`elman_step`.
 
     Returns:
-        All hidden states h_1..h_T, shape (B, T, H) (or (T, H) for unbatched input).
-
-    Raises:
-        ValueError: for shapes that do not fit together or tensors of different dtypes.
+        All hidden states h_1..h_T, (B, T, H) (or (T, H) for unbatched input).
     """
-    sigma = _activation(nonlinearity)
-    require_ndim("h0", h0, (1, 2), "(B, H) or (H,)")
-    _check_sequence(x, h0, W, U, b)
-    return _elman_forward(x, h0, W, U, b, sigma)
-
-
-def _elman_forward(
-    x: torch.Tensor, h0: torch.Tensor | None, W: torch.Tensor, U: torch.Tensor,
-    b: torch.Tensor | None, sigma: Activation,
-) -> torch.Tensor:
-    """The loop of :func:`elman_forward` on checked arguments (h0 None means zeros)."""
+    check_elman({"x": (x, "B? T Din"), "h0": (h0, "B? H")}, W, U, b, nonlinearity)
+    sigma = _NONLINEARITIES[nonlinearity]
     unbatched = x.dim() == 2
     if unbatched:
         x = x.unsqueeze(0)  # (1, T, Din)
@@ -197,7 +91,6 @@ def _elman_forward(
     if h0 is None:
         h0 = x.new_zeros(batch, hidden)  # (B, H)
     h = h0 if h0.dim() == 2 else h0.expand(batch, hidden)  # (B, H)
-
     # U x_t + b has no time dependence: compute it for every t at once
     inputs = x @ U.T  # (B, T, H)
     if b is not None:
@@ -214,10 +107,8 @@ class ElmanRNN(nn.Module):
     """A single-layer Elman RNN with parameters W (H, H), U (H, Din) and b (H,).
 
     Args:
-        input_size: Din.
-        hidden_size: H.
+        input_size: Din. hidden_size: H. bias: whether to learn b.
         nonlinearity: ``"tanh"`` (default, as in ``nn.RNN``), ``"sigmoid"`` or ``"relu"``.
-        bias: whether to learn b.
 
     Shapes:
         forward(x: (B, T, Din) or (T, Din), h0: (B, H) or None) -> (outputs (B, T, H), h_T (B, H))
@@ -227,59 +118,29 @@ class ElmanRNN(nn.Module):
         self, input_size: int, hidden_size: int, *, nonlinearity: str = "tanh", bias: bool = True
     ) -> None:
         super().__init__()
-        _activation(nonlinearity)
-        self.input_size = require_positive_int("input_size", input_size)
-        self.hidden_size = require_positive_int("hidden_size", hidden_size)
-        require_bool("bias", bias)
-        self.nonlinearity = nonlinearity
+        check_positive_ints(input_size=input_size, hidden_size=hidden_size)
+        check_bools(bias=bias)
+        self.nonlinearity = require_choice("nonlinearity", nonlinearity, sorted(_NONLINEARITIES))
+        self.input_size, self.hidden_size = int(input_size), int(hidden_size)
         bound = 1.0 / math.sqrt(hidden_size)  # the same initialisation as nn.RNN
         self.W = nn.Parameter(torch.empty(hidden_size, hidden_size).uniform_(-bound, bound))
         self.U = nn.Parameter(torch.empty(hidden_size, input_size).uniform_(-bound, bound))
         self.b = nn.Parameter(torch.empty(hidden_size).uniform_(-bound, bound)) if bias else None
 
-    def forward(
-        self, x: torch.Tensor, h0: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        self._check_input(x, h0)
-        sigma = _NONLINEARITIES[self.nonlinearity]
-        out = _elman_forward(x, h0, self.W, self.U, self.b, sigma)  # (B, T, H)
-        return out, out[..., -1, :]
-
-    def _check_input(self, x: torch.Tensor, h0: torch.Tensor | None) -> None:
-        """Shapes as in :func:`elman_forward`; x and h0 in the dtype of the weights."""
-        require_ndim("x", x, (2, 3), "(B, T, Din) or (T, Din)")
-        require_dtype_of("x", x, self.W, "the RNN's weights")
-        if h0 is not None:
-            require_ndim("h0", h0, (1, 2), "(B, H) or (H,)")
-            require_dtype_of("h0", h0, self.W, "the RNN's weights")
-        _check_sequence(x, h0, self.W, self.U, self.b)
+    def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        out = elman_forward(x, h0, self.W, self.U, self.b, nonlinearity=self.nonlinearity)
+        return out, out[..., -1, :]  # (B, T, H), h_T (B, H)
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, nonlinearity={self.nonlinearity!r}"
 
 
 def sequential_depth(output: torch.Tensor) -> int:
-    """The number of operations on the longest chain of the autograd graph behind ``output``.
-
-    Operations on that chain each need the previous one's result, so they must run one after
-    another however many processors there are: it counts the serial steps of a computation.
-    An Elman RNN over T steps adds a few operations per step (so the depth grows like T); a
-    self-attention layer has the same depth for every T.
-
-    Args:
-        output: a tensor computed, with gradients enabled, from tensors that require grad
-            (e.g. a module's parameters).
-
-    Returns:
-        The number of operations (autograd nodes other than the leaves) on the longest path.
-    """
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(f"output must be a torch.Tensor, got {type(output).__name__}")
-    if output.grad_fn is None:
-        raise ValueError(
-            "output has no autograd graph (output.grad_fn is None): compute it with gradients "
-            "enabled (not under torch.no_grad()) from tensors that require grad"
-        )
+    """The number of operations (autograd nodes other than leaves) on the longest chain of the
+    graph behind ``output``, a tensor computed with gradients enabled: the serial steps, which
+    run one after another however many processors there are. An Elman RNN adds a few per step
+    (the depth grows like T); a self-attention layer has the same depth for every T."""
+    check_graph(output)
     depth: dict = {}
     stack = [(output.grad_fn, False)]
     # Iterative post-order walk: an RNN's graph is thousands of nodes deep, too deep to recurse.
@@ -300,78 +161,51 @@ def sequential_depth(output: torch.Tensor) -> int:
 def gradient_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """How strongly each input position reaches the output at the last position.
 
-    Entry t is the L2 norm of the gradient of ``fn(x)[..., -1, :].sum()`` (the sum of the
-    last output vector, h_T for an RNN) with respect to the input vector x_t. For an Elman
-    RNN it shrinks (or grows) geometrically with the distance T - t; for self-attention it
-    does not depend on the distance.
+    Entry t is || d fn(x)[..., -1, :].sum() / d x_t ||_2. For an Elman RNN it shrinks (or
+    grows) geometrically with the distance T - t; for self-attention it does not depend on it.
 
     Args:
         fn: maps inputs (T, Din) or (B, T, Din) to outputs (T, H) or (B, T, H), e.g.
-            ``lambda x: rnn(x)[0]``. With a batch, the examples must not interact (true of
-            RNNs and attention layers), so each example gets its own gradient.
-        x: the inputs, shape (T, Din) or (B, T, Din). Not modified.
+            ``lambda x: rnn(x)[0]``; examples of a batch must not interact.
+        x: the inputs, (T, Din) or (B, T, Din). Not modified.
 
     Returns:
-        Norms of shape (T,) (or (B, T)), detached. Nothing is accumulated in the ``.grad``
-        of x or of any parameter.
+        Norms (T,) or (B, T), detached; no ``.grad`` is touched.
     """
-    require_ndim("x", x, (2, 3), "(T, Din) or (B, T, Din)")
-    require_floating("x", x)
-    if not callable(fn):
-        raise TypeError(f"fn must be a function of x, got {type(fn).__name__}")
-    leaf = x.detach().clone().requires_grad_(True)  # (B, T, Din) or (T, Din)
+    require_floating("x", require_ndim("x", x, (2, 3), "(T, Din) or (B, T, Din)"))
+    leaf = x.detach().clone()  # (B, T, Din) or (T, Din)
+    leaf.requires_grad = True
     with torch.enable_grad():
-        out = fn(leaf)
-        if not isinstance(out, torch.Tensor):
-            raise ValueError(
-                f"fn must return a tensor of outputs (T, H) or (B, T, H), got "
-                f"{type(out).__name__}; for a module returning a tuple use "
-                "lambda x: module(x)[0]"
-            )
-        if out.dim() != x.dim() or out.shape[:-1] != x.shape[:-1]:
-            raise ValueError(
-                f"fn(x) has shape {shape_of(out)}, but for x of shape {shape_of(x)} it should "
-                f"have shape {tuple(x.shape[:-1]) + ('H',)}: one output vector per position"
-            )
-        if not out.requires_grad:
-            raise ValueError("fn(x) does not depend on x through differentiable operations")
+        out = fn(leaf)  # (B, T, H)
+        check_outputs(out, x)
         (grad,) = torch.autograd.grad(out[..., -1, :].sum(), leaf)  # (B, T, Din)
     return grad.norm(dim=-1)  # (B, T) or (T,)
 
 
 # ------------------------------------------------- attention over an RNN encoder's states
-#
 # Before self-attention, attention was added to RNN encoder-decoders (Bahdanau et al., 2015):
-# at every output step the decoder's state asks a question of all the encoder's states and
-# reads a weighted average of them, instead of squeezing the source into one fixed vector.
-# Legend for this part: B batch, S source length, T target length, E embedding size,
-# H hidden size, Dq query size, Dk key (= value) size, A additive score width, V vocabulary.
+# at every output step the decoder's state reads a weighted average of the encoder's states,
+# instead of the source squeezed into one vector. Legend: B batch, S source length, T target
+# length, E embedding, H hidden, Dq query, Dk key (= value), A additive score width, V vocab.
 
 _SCORES = ("additive", "dot")
 
 
 class RNNAttention(nn.Module):
-    """Attention of decoder states over encoder states, as in RNN encoder-decoders.
+    """Attention of decoder states (queries) over encoder states (keys, also the values).
 
-    The query is a decoder state s; the keys, which are also the values, are the encoder
-    states h_1..h_S. Two ways to score them:
-
-    - ``"additive"`` (Bahdanau et al., 2015): e_j = v^T tanh(W_s s + W_h h_j);
-    - ``"dot"`` (Luong et al., 2015, their "general" score): e_j = (W_s s) . h_j.
-
-    Then alpha = softmax(e) over the source positions and the context is
-    c = sum_j alpha_j h_j. Source positions where ``mask`` is False (padding) get weight 0;
-    a query with no allowed position gets all-zero weights and a zero context.
+    Scores: ``"additive"`` (Bahdanau et al., 2015) e_j = v^T tanh(W_s s + W_h h_j), or ``"dot"``
+    (Luong et al., 2015, their "general" score) e_j = (W_s s) . h_j. Then alpha = softmax(e)
+    and c = sum_j alpha_j h_j. Keys where ``mask`` is False (padding) get weight 0; a query with
+    no allowed key gets all-zero weights and a zero context.
 
     Args:
-        query_size: Dq, the size of a decoder state.
-        key_size: Dk, the size of an encoder state.
-        score: ``"additive"`` (default) or ``"dot"``.
-        attention_size: A, the width of the additive score's hidden layer (default Dk);
-            not used by ``"dot"``.
+        query_size: Dq. key_size: Dk. score: ``"additive"`` (default) or ``"dot"``.
+        attention_size: A, the additive score's hidden width (default Dk; unused by ``"dot"``).
 
     Shapes:
-        forward(query: (B, Dq) or (B, T, Dq), keys: (B, S, Dk), mask: (B, S) bool or None)
+        forward(query: (B, Dq) or (B, T, Dq), keys: (B, S, Dk), mask: (B, S) bool or None,
+        projected_keys: :meth:`project_keys` (keys) or None)
         -> (context: (B, Dk) or (B, T, Dk), weights: (B, S) or (B, T, S))
     """
 
@@ -380,101 +214,52 @@ class RNNAttention(nn.Module):
         attention_size: int | None = None,
     ) -> None:
         super().__init__()
-        require_positive_int("query_size", query_size)
-        require_positive_int("key_size", key_size)
-        require_choice("score", score, _SCORES)
-        self.score = score
+        attention_size = key_size if attention_size is None else attention_size
+        check_positive_ints(query_size=query_size, key_size=key_size, attention_size=attention_size)
+        self.score = require_choice("score", score, _SCORES)
         if score == "dot":
             self.query_proj = nn.Linear(query_size, key_size, bias=False)  # W_s
-            return
-        attention_size = key_size if attention_size is None else attention_size
-        require_positive_int("attention_size", attention_size)
-        self.query_proj = nn.Linear(query_size, attention_size, bias=False)  # W_s
-        self.key_proj = nn.Linear(key_size, attention_size, bias=False)  # W_h
-        self.v = nn.Linear(attention_size, 1, bias=False)  # v^T
+        else:
+            self.query_proj = nn.Linear(query_size, attention_size, bias=False)  # W_s
+            self.key_proj = nn.Linear(key_size, attention_size, bias=False)  # W_h
+            self.v = nn.Linear(attention_size, 1, bias=False)  # v^T
 
     def forward(
-        self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None
+        self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None, *,
+        projected_keys: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_attention_args(query, keys, mask, self.query_proj.in_features,
-                              self.query_proj.weight)
+        check_attention(query, keys, mask, self.query_proj.weight)
         single = query.dim() == 2
         q = query.unsqueeze(1) if single else query  # (B, T, Dq)
-        scores = self._scores(q, keys, self.project_keys(keys))  # (B, T, S)
-        context, weights = _attend(scores, keys, mask)  # (B, T, Dk), (B, T, S)
+        if self.score == "dot":
+            scores = self.query_proj(q) @ keys.transpose(1, 2)  # e_tj = (W_s s_t) . h_j, (B, T, S)
+        else:  # e_tj = v^T tanh(W_s s_t + W_h h_j)
+            if projected_keys is None:
+                projected_keys = self.project_keys(keys)  # (B, S, A)
+            hidden = torch.tanh(self.query_proj(q)[:, :, None] + projected_keys[:, None])
+            scores = self.v(hidden).squeeze(-1)  # (B, T, S)
+        if mask is not None:
+            allowed = mask[:, None, :]  # (B, 1, S)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)  # alpha_tj, (B, T, S)
+        if mask is not None:  # a query with no allowed key: zeros, not NaN
+            weights = weights.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
+        context = weights @ keys  # c_t = sum_j alpha_tj h_j, (B, T, Dk)
         return (context.squeeze(1), weights.squeeze(1)) if single else (context, weights)
 
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor | None:
         """W_h h_j for every key (B, S, A), or None for the dot score. A decoder computes it
-        once per source and reuses it at every step, as Bahdanau et al. do."""
+        once per source and passes it to every step, as Bahdanau et al. do."""
         return None if self.score == "dot" else self.key_proj(keys)  # (B, S, A)
-
-    def _scores(
-        self, q: torch.Tensor, keys: torch.Tensor, projected_keys: torch.Tensor | None
-    ) -> torch.Tensor:
-        if self.score == "dot":
-            # e_tj = (W_s s_t) . h_j
-            return self.query_proj(q) @ keys.transpose(1, 2)  # (B, T, S)
-        # e_tj = v^T tanh(W_s s_t + W_h h_j)
-        hidden = torch.tanh(self.query_proj(q)[:, :, None] + projected_keys[:, None])
-        return self.v(hidden).squeeze(-1)  # (B, T, S)
-
-    def _step(
-        self, query: torch.Tensor, keys: torch.Tensor, projected_keys: torch.Tensor | None,
-        blocked: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decoder query (B, Dq) on checked inputs whose every row has an allowed key;
-        ``blocked`` is ~mask, (B, S). Returns the context (B, Dk) and the weights (B, S)."""
-        scores = self._scores(query[:, None], keys, projected_keys)[:, 0]  # (B, S)
-        weights = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)  # (B, S)
-        return (weights[:, None] @ keys)[:, 0], weights  # (B, Dk), (B, S)
 
     def extra_repr(self) -> str:
         return f"score={self.score!r}"
 
 
-def _attend(
-    scores: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """alpha = softmax over the allowed source positions, c = alpha @ h."""
-    if mask is not None:
-        allowed = mask[:, None, :]  # (B, 1, S)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # (B, T, S)
-    if mask is not None:  # a query with no allowed key: zeros, not NaN
-        weights = weights.masked_fill(~allowed.any(-1, keepdim=True), 0.0)
-    return weights @ keys, weights  # (B, T, Dk), (B, T, S)
-
-
-def _check_attention_args(
-    query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, query_size: int,
-    weight: torch.Tensor,
-) -> None:
-    """Shapes and dtypes of an :class:`RNNAttention` call (no values are read)."""
-    require_ndim("query", query, (2, 3), "(B, Dq) or (B, T, Dq)")
-    require_ndim("keys", keys, (3,), "(B, S, Dk)")
-    require_size("query", query, -1, query_size, "the query_size Dq of this attention")
-    require_dtype_of("query", query, weight, "the attention's weights")
-    require_dtype_of("keys", keys, weight, "the attention's weights")
-    if query.shape[0] != keys.shape[0]:
-        raise ValueError(f"query has batch size {query.shape[0]} but keys has batch size "
-                         f"{keys.shape[0]} (shape {shape_of(keys)}); they must match")
-    if mask is not None:
-        require_bool_mask("mask", mask)
-        if mask.shape != keys.shape[:2]:
-            raise ValueError(f"mask has shape {shape_of(mask)} but should be (B, S) = "
-                             f"{tuple(keys.shape[:2])}, one entry per key (True = real token)")
-
-
 class RNNSeq2SeqOutput(NamedTuple):
-    """What :class:`RNNEncoderDecoder` returns.
-
-    Attributes:
-        logits: (B, T, V) scores for the next target token at every target position.
-        loss: mean cross-entropy against ``targets`` (-100 entries not scored), or None.
-        weights: (B, T, S) the attention weights of every target step over the source
-            (None for a model without attention).
-    """
+    """What :class:`RNNEncoderDecoder` returns: ``logits`` (B, T, V); ``loss``, the mean
+    cross-entropy against ``targets`` (-100 not scored) or None; ``weights`` (B, T, S), the
+    attention of every target step over the source (None without attention)."""
 
     logits: torch.Tensor
     loss: torch.Tensor | None
@@ -484,27 +269,20 @@ class RNNSeq2SeqOutput(NamedTuple):
 class RNNEncoderDecoder(nn.Module):
     """A GRU encoder-decoder for translation, with or without attention over the source.
 
-    Encoder: an embedding and a bidirectional GRU; source word j is represented by
-    h_j = [forward state; backward state] (2H numbers), the word in its context on both sides.
+    Encoder: an embedding and a bidirectional GRU; source word j is h_j = [forward state;
+    backward state] (2H numbers). Decoder: s_t = GRU([emb(y_{t-1}); c_t], s_{t-1}) from
+    s_0 = tanh(W_0 c), and logits_t = W_o [s_t; c_t], where the context c_t is
 
-    Decoder: a GRU cell that writes the target one token at a time from the previous target
-    token y_{t-1} and a context vector c_t:
+    - ``attention=None``: c, the last forward and first backward state joined, at every step:
+      the whole source squeezed into one vector (Cho et al., 2014);
+    - ``attention="additive"`` or ``"dot"``: sum_j alpha_tj h_j, alpha_t from
+      :class:`RNNAttention` with the query s_{t-1} (Bahdanau et al., 2015).
 
-    - ``attention=None``: c_t = c for every t, where c joins the last forward and the first
-      backward state: the whole source squeezed into one vector (Cho et al., 2014);
-    - ``attention="additive"`` or ``"dot"``: c_t = sum_j alpha_tj h_j, with alpha_t computed by
-      :class:`RNNAttention` from the previous decoder state s_{t-1} (Bahdanau et al., 2015).
-
-    Then s_t = GRU([emb(y_{t-1}); c_t], s_{t-1}) and logits_t = W_o [s_t; c_t], starting
-    from s_0 = tanh(W_0 c). Sources are right-padded; padding is skipped by the encoder and
-    never attended to.
+    Sources are right-padded; padding is skipped by the encoder and never attended to.
 
     Args:
-        src_vocab_size, tgt_vocab_size: vocabulary sizes.
-        d_embed: E, the embedding size.
-        hidden_size: H, the GRUs' hidden size.
-        attention: ``"additive"`` (default), ``"dot"`` or None.
-        pad_id: the source padding id, used when no ``src_attention_mask`` is given.
+        src_vocab_size, tgt_vocab_size: vocabulary sizes. d_embed: E. hidden_size: H.
+        attention: ``"additive"`` (default), ``"dot"`` or None. pad_id: the source padding id.
 
     Shapes:
         forward(src (B, S), tgt (B, T), targets (B, T) or None, src_attention_mask (B, S))
@@ -516,15 +294,11 @@ class RNNEncoderDecoder(nn.Module):
         hidden_size: int = 64, attention: str | None = "additive", pad_id: int | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("src_vocab_size", src_vocab_size), ("d_embed", d_embed),
-                            ("tgt_vocab_size", tgt_vocab_size), ("hidden_size", hidden_size)):
-            require_positive_int(name, value)
-        if attention is not None:
-            require_choice("attention", attention, _SCORES)
-        if pad_id is not None:
-            check_id("pad_id", pad_id, src_vocab_size)
-        self.src_vocab_size, self.tgt_vocab_size, self.pad_id = \
-            src_vocab_size, tgt_vocab_size, pad_id
+        check_positive_ints(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                            d_embed=d_embed, hidden_size=hidden_size)
+        require_choice("attention", attention, (*_SCORES, None))
+        self.pad_id = None if pad_id is None else check_id("pad_id", pad_id, src_vocab_size)
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.src_embed = nn.Embedding(src_vocab_size, d_embed)
         self.tgt_embed = nn.Embedding(tgt_vocab_size, d_embed)
         self.encoder = nn.GRU(d_embed, hidden_size, batch_first=True, bidirectional=True)
@@ -538,22 +312,26 @@ class RNNEncoderDecoder(nn.Module):
         self, src: torch.Tensor, tgt: torch.Tensor, *, targets: torch.Tensor | None = None,
         src_attention_mask: torch.Tensor | None = None,
     ) -> RNNSeq2SeqOutput:
-        mask = self._check(src, src_attention_mask)
-        check_token_ids("tgt", tgt, self.tgt_vocab_size)
-        if tgt.shape[0] != src.shape[0]:
-            raise ValueError(f"src has batch size {src.shape[0]} but tgt has batch size "
-                             f"{tgt.shape[0]}; they must match")
-        if targets is not None and targets.shape != tgt.shape:
-            raise ValueError(f"targets has shape {shape_of(targets)} but tgt has shape "
-                             f"{shape_of(tgt)}: one target per decoder input")
-        memory = self._memory(src, mask)
-        s = torch.tanh(self.init_state(memory[1]))  # (B, H): s_0
+        check_seq2seq(self, src, src_attention_mask, tgt, targets)
+        if src_attention_mask is not None:
+            mask = src_attention_mask != 0  # (B, S): bool, or 0/1 integers from a tokenizer
+        elif self.pad_id is not None:
+            mask = src != self.pad_id  # (B, S)
+        else:
+            mask = torch.ones_like(src, dtype=torch.bool)  # (B, S)
+        states, c = self.encode(src, mask)  # (B, S, 2H), (B, 2H)
+        keys = None if self.attention is None else self.attention.project_keys(states)
+        s = torch.tanh(self.init_state(c))  # s_0 = tanh(W_0 c), (B, H)
         embedded = self.tgt_embed(tgt)  # (B, T, E)
         outputs, weights = [], []
         for t in range(tgt.shape[1]):  # one target token after another
-            s, context, alpha = self._step(embedded[:, t], s, memory)
-            outputs.append(torch.cat([s, context], dim=-1))  # (B, 3H)
-            weights.append(alpha)
+            context, alpha = c, None  # without attention: the same c at every step
+            if self.attention is not None:  # c_t = sum_j alpha_tj h_j, queried by s_{t-1}
+                with inputs_checked():
+                    context, alpha = self.attention(s, states, mask, projected_keys=keys)
+            s = self.cell(torch.cat([embedded[:, t], context], dim=-1), s)  # s_t, (B, H)
+            outputs.append(torch.cat([s, context], dim=-1))  # [s_t; c_t], (B, 3H)
+            weights.append(alpha)  # (B, S)
         logits = self.out(torch.stack(outputs, dim=1))  # (B, T, V)
         loss = None
         if targets is not None:  # mean cross-entropy over the scored (not -100) positions
@@ -562,10 +340,10 @@ class RNNEncoderDecoder(nn.Module):
         alignment = None if self.attention is None else torch.stack(weights, dim=1)  # (B, T, S)
         return RNNSeq2SeqOutput(logits, loss, alignment)
 
-    def encode(
-        self, src: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encoder states h_j (B, S, 2H) and the summary c (B, 2H), for checked inputs."""
+    def encode(self, src: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder states h_j (B, S, 2H) and the summary c (B, 2H) of a source (B, S) whose
+        ``mask`` (B, S) marks its real tokens (at least one, then padding on the right)."""
+        check_right_padded(mask)
         lengths = mask.sum(dim=1).cpu()  # (B,)
         packed = nn.utils.rnn.pack_padded_sequence(
             self.src_embed(src), lengths, batch_first=True, enforce_sorted=False)
@@ -574,72 +352,99 @@ class RNNEncoderDecoder(nn.Module):
                                                      total_length=src.shape[1])  # (B, S, 2H)
         return states, torch.cat([last[0], last[1]], dim=-1)  # (B, S, 2H), (B, 2H)
 
-    def _memory(self, src: torch.Tensor, mask: torch.Tensor) -> tuple:
-        """What every decoder step reads: the encoder states (B, S, 2H), the summary c
-        (B, 2H), the keys' projection for an additive score (or None) and ~mask (B, S)."""
-        states, summary = self.encode(src, mask)
-        keys = None if self.attention is None else self.attention.project_keys(states)
-        return states, summary, keys, ~mask
-
-    def _step(self, y_prev: torch.Tensor, s: torch.Tensor, memory: tuple) -> tuple:
-        """One decoder step: (s_t (B, H), c_t (B, 2H), alpha_t (B, S) or None)."""
-        states, summary, projected_keys, blocked = memory
-        alpha = None
-        if self.attention is None:
-            context = summary  # (B, 2H): the same vector at every step
-        else:  # the query is s_{t-1}
-            context, alpha = self.attention._step(s, states, projected_keys, blocked)
-        s = self.cell(torch.cat([y_prev, context], dim=-1), s)  # (B, H): s_t
-        return s, context, alpha
-
-    @torch.no_grad()
-    def generate(
-        self, src: torch.Tensor, *, bos_id: int, max_new_tokens: int,
-        eos_id: int | None = None, src_attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Greedy decoding: (B, max_new_tokens) target ids, without the leading ``bos_id``;
-        after ``eos_id`` a row is filled with ``eos_id``."""
-        mask = self._check(src, src_attention_mask)
-        check_id("bos_id", bos_id, self.tgt_vocab_size)
-        if eos_id is not None:
-            check_id("eos_id", eos_id, self.tgt_vocab_size)
-        require_positive_int("max_new_tokens", max_new_tokens)
-        memory = self._memory(src, mask)
-        s = torch.tanh(self.init_state(memory[1]))  # (B, H)
-        y = torch.full((src.shape[0],), bos_id, dtype=torch.long, device=src.device)  # (B,)
-        done = torch.zeros_like(y, dtype=torch.bool)
-        out = []
-        for _ in range(max_new_tokens):
-            s, context, _ = self._step(self.tgt_embed(y), s, memory)
-            y = self.out(torch.cat([s, context], dim=-1)).argmax(-1)  # (B,)
-            if eos_id is not None:
-                y = y.masked_fill(done, eos_id)
-                done = done | (y == eos_id)
-            out.append(y)
-        return torch.stack(out, dim=1)  # (B, max_new_tokens)
-
-    def _check(self, src: torch.Tensor, src_attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """Check a source batch; return its (B, S) mask of real tokens (right-padded)."""
-        check_token_ids("src", src, self.src_vocab_size)
-        if src_attention_mask is None:
-            if self.pad_id is None:
-                return torch.ones_like(src, dtype=torch.bool)  # (B, S)
-            mask = src != self.pad_id  # (B, S)
-        else:
-            mask = require_bool_mask("src_attention_mask", src_attention_mask)
-            if mask.shape != src.shape:
-                raise ValueError(f"src_attention_mask has shape {shape_of(mask)} but src has "
-                                 f"shape {shape_of(src)}; they must match")
-        lengths = mask.sum(dim=1)  # (B,)
-        right_padded = torch.arange(src.shape[1], device=src.device) < lengths[:, None]
-        if not torch.equal(mask, right_padded) or int(lengths.min()) == 0:
-            raise ValueError(
-                "every source must start with at least one real token and be padded on the "
-                "right only (mask like [True, True, False]); got a source mask of "
-                f"{mask.int().tolist()}"[:400]
-            )
-        return mask
-
     def extra_repr(self) -> str:
-        score = "none" if self.attention is None else self.attention.score
-        return f"attention={score}"
+        return f"attention={'none' if self.attention is None else self.attention.score}"
+
+
+# --- argument checks
+
+
+def check_shapes(**specs: tuple[torch.Tensor | None, str]) -> None:
+    """Raise unless every tensor has the shape its legend spells, one size per letter across
+    all of them, e.g. ``check_shapes(W=(W, "H H"), x=(x, "B? T Din"))``. Letters ending in
+    ``?`` may all be missing (an unbatched input); None tensors are skipped. Name weights
+    first: a message then blames the input."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for name, (x, legend) in specs.items():
+        if x is None:
+            continue
+        full = [letter.rstrip("?") for letter in legend.split()]
+        short = [letter for letter in legend.split() if not letter.endswith("?")]
+        expected = " or ".join(dict.fromkeys(f"({', '.join(s)}{',' * (len(s) == 1)})"
+                                             for s in (full, short)))
+        require_ndim(name, x, (len(full), len(short)), expected)
+        for letter, size in zip(full if x.dim() == len(full) else short, x.shape, strict=True):
+            seen, where = sizes.setdefault(letter, (size, name))
+            if size != seen:
+                raise ValueError(f"{name} has shape {shape_of(x)}: {letter}={size}, but {where} "
+                                 f"has {letter}={seen} ({name} should be {expected})")
+
+
+def check_elman(
+    inputs: dict[str, tuple[torch.Tensor | None, str]], W: torch.Tensor, U: torch.Tensor,
+    b: torch.Tensor | None, nonlinearity: str,
+) -> None:
+    """The arguments of :func:`elman_step` and :func:`elman_forward`; ``inputs`` maps the
+    names of the input and the state to (tensor, shape legend) as for :func:`check_shapes`."""
+    if not checks_wanted():
+        return
+    require_choice("nonlinearity", nonlinearity, sorted(_NONLINEARITIES))
+    check_shapes(W=(W, "H H"), U=(U, "H Din"), b=(b, "H"), **inputs)
+    require_floating("W", W)
+    require_same_dtype({"W": W, "U": U, "b": b, **{name: t for name, (t, _) in inputs.items()}})
+
+
+def check_graph(output: object) -> None:
+    """Raise unless ``output`` is a tensor with an autograd graph."""
+    if not checks_wanted():
+        return
+    if require_tensor("output", output).grad_fn is None:
+        raise ValueError("output has no autograd graph: compute it with gradients enabled")
+
+
+def check_outputs(out: object, x: torch.Tensor) -> None:
+    """Raise unless ``fn(x)`` of :func:`gradient_norms` holds one output vector per position
+    of x."""
+    if not checks_wanted():
+        return
+    got = shape_of(out) if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+    if not isinstance(out, torch.Tensor) or out.shape[:-1] != x.shape[:-1]:
+        raise ValueError(f"fn(x) should have shape {(*x.shape[:-1], 'H')}, got {got}; for a "
+                         "module returning a tuple use lambda x: module(x)[0]")
+
+
+def check_attention(
+    query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, W_s: torch.Tensor
+) -> None:
+    """The arguments of :class:`RNNAttention`; ``W_s`` is its query projection (A, Dq)."""
+    if not checks_wanted():
+        return
+    check_shapes(W_s=(W_s, "A Dq"), query=(query, "B T? Dq"), keys=(keys, "B S Dk"),
+                 mask=(mask, "B S"))
+    require_same_dtype({"W_s": W_s, "query": query, "keys": keys})
+    if mask is not None:
+        require_bool_mask("mask", mask)
+
+
+def check_seq2seq(
+    model: RNNEncoderDecoder, src: torch.Tensor, src_attention_mask: torch.Tensor | None,
+    tgt: torch.Tensor, targets: torch.Tensor | None,
+) -> None:
+    """The arguments of :meth:`RNNEncoderDecoder.forward`."""
+    if not checks_wanted():
+        return
+    for name, ids, size in (("src", src, model.src_vocab_size), ("tgt", tgt, model.tgt_vocab_size)):
+        check_token_ids(name, ids, size)
+    require_padding_mask("src_attention_mask", src_attention_mask, src.shape, "should match src")
+    check_shapes(src=(src, "B S"), tgt=(tgt, "B T"), targets=(targets, "B T"))
+
+
+def check_right_padded(mask: torch.Tensor) -> None:
+    """Raise unless every row of the (B, S) source mask is some True, then only False."""
+    if not checks_wanted():
+        return
+    lengths = mask.sum(dim=1)  # (B,)
+    right_padded = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]  # (B, S)
+    if not torch.equal(mask, right_padded) or int(lengths.min()) == 0:
+        raise ValueError("each source needs a real token, then padding on the right only; got "
+                         f"the mask {mask.int().tolist()!s:.200}")

@@ -1,5 +1,5 @@
-"""Small synthetic tasks generated in code: copy, reverse, sort and long-range recall for
-decoder-only models, and date translation for encoder-decoders.
+"""Small synthetic tasks generated in code: copy and long-range recall for decoder-only
+models, and a toy translation with a known word alignment for encoder-decoders.
 
 Shape legend: N examples, T sequence (or target) length, S source length.
 
@@ -10,33 +10,27 @@ the tensors go straight into course_lib's models.
 
 from __future__ import annotations
 
-import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 from ._validate import (
     check_id_list,
+    check_positive_ints,
+    checks_wanted,
+    require_choice,
     require_generator,
     require_int,
     require_non_negative_int,
-    require_positive_int,
 )
 from .tokenizer import IGNORE_INDEX, Seq2SeqVocab
 
-# --------------------------------------------------------------------------------------------
-# Synthetic decoder-only tasks
-
 
 class LMTask(NamedTuple):
-    """A synthetic task for a decoder-only (language) model.
-
-    Attributes:
-        inputs: (N, T) long token ids.
-        targets: (N, T) long, the next token where it is to be predicted and -100 elsewhere.
-        vocab: the name of every token id, for printing and plot labels.
-    """
+    """A synthetic task for a decoder-only (language) model: ``inputs`` (N, T) token ids,
+    ``targets`` (N, T), the next token where it is to be predicted and -100 elsewhere, and
+    ``vocab``, the name of every id (for printing and plot labels)."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
@@ -53,231 +47,75 @@ class LMTask(NamedTuple):
 
 
 def _generator(generator: torch.Generator | None, seed: int | None) -> torch.Generator:
-    if generator is not None and seed is not None:
-        raise ValueError("pass either generator or seed, not both")
-    if require_generator("generator", generator) is not None:
-        return generator
-    return torch.Generator().manual_seed(0 if seed is None else require_int("seed", seed))
+    """The task's random stream: ``generator``, or a new one from ``seed`` (0 if neither)."""
+    check_randomness(generator, seed)
+    return generator if generator is not None else torch.Generator().manual_seed(int(seed or 0))
 
 
-def _digit_vocab(n_symbols: int, *extra: str) -> tuple[str, ...]:
-    symbols = tuple(str(i) if n_symbols <= 10 else f"s{i}" for i in range(n_symbols))
-    return symbols + extra
-
-
-def _answer_task(
-    transform: Callable[[torch.Tensor], torch.Tensor],
-    n: int,
-    length: int,
-    n_symbols: int,
-    generator: torch.Generator | None,
-    seed: int | None,
-) -> LMTask:
-    """Shared layout of copy/reverse/sort: ``x_1..x_L SEP y_1..y_L``, loss on the y's only."""
-    require_positive_int("n", n)
-    require_positive_int("length", length)
-    require_positive_int("n_symbols", n_symbols)
-    gen = _generator(generator, seed)
-    sep = n_symbols
-    x = torch.randint(n_symbols, (n, length), generator=gen)  # (N, L)
-    y = transform(x)  # (N, L)
-    seq = torch.cat([x, torch.full((n, 1), sep), y], dim=1)  # (N, 2L + 1)
-    inputs = seq[:, :-1].clone()  # (N, 2L)
-    targets = seq[:, 1:].clone()  # (N, 2L), targets[:, t] is the token after inputs[:, t]
-    targets[:, : length] = IGNORE_INDEX  # predicting the random x's (or SEP) is not the task
-    return LMTask(inputs, targets, _digit_vocab(n_symbols, "|"))
+def _digit_vocab(n_symbols: int, extra: str) -> tuple[str, ...]:
+    return (*(str(i) if n_symbols <= 10 else f"s{i}" for i in range(n_symbols)), extra)
 
 
 def copy_task(
-    n: int,
-    length: int = 8,
-    *,
-    n_symbols: int = 10,
-    generator: torch.Generator | None = None,
+    n: int, length: int = 8, *, n_symbols: int = 10, generator: torch.Generator | None = None,
     seed: int | None = None,
 ) -> LMTask:
-    """Copy a random sequence: ``3 1 4 1 | 3 1 4 1``.
+    """Copy a random sequence: ``3 1 4 1 | 3 1 4 1``, the loss on the copy only.
 
     Tests whether a model can look back a fixed distance (``length + 1`` tokens): attention
     does this in one step; an RNN must carry every symbol in its state.
 
     Args:
-        n: N, the number of examples.
-        length: L, symbols per sequence (inputs and targets are 2L long).
+        n: N, the number of examples. length: L, symbols per sequence.
         n_symbols: how many distinct symbols; the separator ``|`` is id ``n_symbols``.
         generator, seed: randomness (one or the other; seed 0 if neither).
 
     Returns:
-        :class:`LMTask` with inputs and targets (N, 2L); only the L answer positions have
-        targets.
+        :class:`LMTask` with inputs and targets (N, 2L); only the L answers have targets.
     """
-    return _answer_task(lambda x: x.clone(), n, length, n_symbols, generator, seed)
-
-
-def reverse_task(
-    n: int,
-    length: int = 8,
-    *,
-    n_symbols: int = 10,
-    generator: torch.Generator | None = None,
-    seed: int | None = None,
-) -> LMTask:
-    """Reverse a random sequence: ``3 1 4 2 | 2 4 1 3``.
-
-    Tests look-ups whose distance changes with the position (the first answer symbol is the
-    last input symbol): the model must use positions, not a fixed offset.
-
-    Args and Returns: as :func:`copy_task`.
-    """
-    return _answer_task(lambda x: x.flip(1), n, length, n_symbols, generator, seed)
-
-
-def sort_task(
-    n: int,
-    length: int = 8,
-    *,
-    n_symbols: int = 10,
-    generator: torch.Generator | None = None,
-    seed: int | None = None,
-) -> LMTask:
-    """Sort a random sequence in ascending order: ``3 1 4 1 | 1 1 3 4``.
-
-    Tests content-based attention: which input comes next depends on the values, not on where
-    they sit, so the model must compare symbols (and count repeats).
-
-    Args and Returns: as :func:`copy_task`.
-    """
-    return _answer_task(
-        lambda x: x.sort(dim=1).values, n, length, n_symbols, generator, seed
-    )
+    check_positive_ints(n=n, length=length, n_symbols=n_symbols)
+    gen = _generator(generator, seed)
+    x = torch.randint(n_symbols, (n, length), generator=gen)  # (N, L)
+    seq = torch.cat([x, torch.full((n, 1), n_symbols), x.clone()], dim=1)  # (N, 2L + 1)
+    inputs = seq[:, :-1].clone()  # (N, 2L)
+    targets = seq[:, 1:].clone()  # (N, 2L), targets[:, t] is the token after inputs[:, t]
+    targets[:, :length] = IGNORE_INDEX  # predicting the random x's (or SEP) is not the task
+    return LMTask(inputs, targets, _digit_vocab(n_symbols, "|"))
 
 
 def recall_task(
-    n: int,
-    distance: int,
-    *,
-    n_symbols: int = 8,
-    generator: torch.Generator | None = None,
+    n: int, distance: int, *, n_symbols: int = 8, generator: torch.Generator | None = None,
     seed: int | None = None,
 ) -> LMTask:
-    """Long-range recall: remember the first symbol through ``distance`` distractors.
+    """Long-range recall: ``v d_1 ... d_distance ?  ->  v``, remember the first symbol through
+    ``distance`` random distractors of the same alphabet; only the answer after ``?`` counts.
 
-    Layout: ``v d_1 ... d_distance ?  ->  v``: the model reads a symbol ``v``, then
-    ``distance`` random symbols from the same alphabet, then the query token ``?``, and must
-    answer ``v``. Only that last prediction counts. An RNN must keep ``v`` in its hidden state
-    through ``distance`` updates (and its gradient must survive as many steps back), so it
-    fails as ``distance`` grows; self-attention looks straight back at position 0, whatever
-    the distance. Chance accuracy is ``1 / n_symbols``.
+    An RNN must keep ``v`` in its state (and its gradient must survive) through ``distance``
+    updates, so it fails as ``distance`` grows; self-attention looks straight back at
+    position 0. Chance accuracy is ``1 / n_symbols``.
 
     Args:
-        n: N, the number of examples.
-        distance: number of distractors between the symbol and the query (>= 0).
-        n_symbols: size of the alphabet for the symbol and the distractors; ``?`` is id
-            ``n_symbols``.
+        n: N. distance: distractors between the symbol and the query (>= 0).
+        n_symbols: the alphabet's size; ``?`` is id ``n_symbols``.
         generator, seed: randomness (one or the other; seed 0 if neither).
 
     Returns:
-        :class:`LMTask` with inputs and targets (N, distance + 2); targets are -100 except
-        the last column, which holds the first input symbol.
+        :class:`LMTask` with inputs and targets (N, distance + 2); targets are -100 except the
+        last column, which holds the first input symbol.
     """
-    require_positive_int("n", n)
-    require_positive_int("n_symbols", n_symbols)
+    check_positive_ints(n=n, n_symbols=n_symbols)
     require_non_negative_int("distance", distance)
     gen = _generator(generator, seed)
-    query = n_symbols
     seq = torch.randint(n_symbols, (n, distance + 1), generator=gen)  # (N, distance + 1)
-    inputs = torch.cat([seq, torch.full((n, 1), query)], dim=1)  # (N, T), T = distance + 2
+    inputs = torch.cat([seq, torch.full((n, 1), n_symbols)], dim=1)  # (N, T), T = distance + 2
     targets = torch.full_like(inputs, IGNORE_INDEX)  # (N, T)
     targets[:, -1] = seq[:, 0]
     return LMTask(inputs, targets, _digit_vocab(n_symbols, "?"))
 
 
-
-# --------------------------------------------------------------------------------------------
-# Synthetic encoder-decoder task: date translation
-
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-
-class TranslationTask(NamedTuple):
-    """A synthetic sequence-to-sequence task, ready for :class:`EncoderDecoder`.
-
-    Attributes:
-        src: (N, S) source ids, right-padded with ``vocab.pad_id``.
-        tgt_in: (N, T) decoder inputs: ``<bos>`` then the target, padded with ``pad_id``.
-        tgt_out: (N, T) what to predict: the target then ``<eos>``, padded with -100.
-        vocab: one :class:`Seq2SeqVocab` shared by source and target.
-        src_text, tgt_text: the examples as strings.
-    """
-
-    src: torch.Tensor
-    tgt_in: torch.Tensor
-    tgt_out: torch.Tensor
-    vocab: Seq2SeqVocab
-    src_text: list[str]
-    tgt_text: list[str]
-
-
 def _pad_rows(rows: list[list[int]], value: int) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
-
-
-def date_vocab() -> Seq2SeqVocab:
-    """The vocabulary of :func:`date_task`: specials, space, ``-``, digits and month letters."""
-    return Seq2SeqVocab.from_chars(" -0123456789" + "".join(_MONTHS))
-
-
-def date_task(
-    n: int,
-    *,
-    first_year: int = 1950,
-    last_year: int = 2049,
-    generator: torch.Generator | None = None,
-    seed: int | None = None,
-) -> TranslationTask:
-    """Translate a written date into ISO format: ``"7 Mar 2024"  ->  "2024-03-07"``.
-
-    The target is a permutation of the source's parts (year, month, day), so each target
-    character has one source span it should read: a trained model's cross-attention shows a
-    permuted block pattern (year digits attend to the end of the source, the month to the
-    month name, the day to the start), clearest with one encoder and one decoder layer (a
-    64-wide model of that size learns the task exactly in a few hundred updates on a CPU).
-    The month name must be mapped to its number, and days below 10 have no leading zero in
-    the source, so sources have two lengths and are padded.
-
-    Args:
-        n: N, the number of examples.
-        first_year, last_year: range of years; dates are uniform over the days in it.
-        generator, seed: randomness (one or the other; seed 0 if neither).
-
-    Returns:
-        :class:`TranslationTask` with src (N, 11) and tgt_in, tgt_out (N, 11).
-    """
-    require_positive_int("n", n)
-    require_int("first_year", first_year)
-    require_int("last_year", last_year)
-    if not 1 <= first_year <= last_year <= 9999:
-        raise ValueError(
-            f"need 1 <= first_year <= last_year <= 9999, got first_year={first_year}, "
-            f"last_year={last_year}"
-        )
-    gen = _generator(generator, seed)
-    vocab = date_vocab()
-    start = datetime.date(first_year, 1, 1).toordinal()
-    n_days = datetime.date(last_year, 12, 31).toordinal() - start + 1
-    days = torch.randint(n_days, (n,), generator=gen).tolist()
-    src_text, tgt_text = [], []
-    for offset in days:
-        date = datetime.date.fromordinal(start + offset)
-        src_text.append(f"{date.day} {_MONTHS[date.month - 1]} {date.year:04d}")
-        tgt_text.append(f"{date.year:04d}-{date.month:02d}-{date.day:02d}")
-    src = _pad_rows([vocab.encode(s) for s in src_text], vocab.pad_id)  # (N, S)
-    tgt = [vocab.encode(t) for t in tgt_text]
-    tgt_in = _pad_rows([[vocab.bos_id, *t] for t in tgt], vocab.pad_id)  # (N, T)
-    tgt_out = _pad_rows([[*t, vocab.eos_id] for t in tgt], IGNORE_INDEX)  # (N, T)
-    return TranslationTask(src, tgt_in, tgt_out, vocab, src_text, tgt_text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,12 +167,6 @@ class AlignedTranslationTask(NamedTuple):
         return " ".join(out)
 
 
-def word_order_vocab() -> Seq2SeqVocab:
-    """The vocabulary of :func:`word_order_task`: specials, then every English and French word."""
-    words = [w for kind in _LEXICON.values() for pair in kind.items() for w in pair]
-    return Seq2SeqVocab(("<pad>", "<bos>", "<eos>", *sorted(set(words))))
-
-
 def _noun_phrase(det: str, adjectives: list[str], noun: str, start: int
                  ) -> tuple[list[str], list[str], list[int]]:
     """English ``det adj_1 .. adj_k noun`` and its toy French ``det' noun' adj_k' .. adj_1'``,
@@ -378,11 +210,11 @@ def word_order_task(
         :class:`AlignedTranslationTask` with src (N, S) and tgt_in, tgt_out, alignment (N, T),
         S = 5 + 2 * max_adjectives and T = S + 1 (for the longest sentences).
     """
-    require_positive_int("n", n)
-    if not 0 <= require_int("max_adjectives", max_adjectives) <= 3:
-        raise ValueError(f"max_adjectives must be an integer from 0 to 3, got {max_adjectives!r}")
+    check_positive_ints(n=n)
+    require_choice("max_adjectives", require_int("max_adjectives", max_adjectives), range(4))
     gen = _generator(generator, seed)
-    vocab = word_order_vocab()
+    both = sorted({w for kind in _LEXICON.values() for pair in kind.items() for w in pair})
+    vocab = Seq2SeqVocab(("<pad>", "<bos>", "<eos>", *both))  # English and French words
     words = {kind: list(table) for kind, table in _LEXICON.items()}
     rows: dict[str, list] = {"src": [], "tgt": [], "align": [], "src_text": [], "tgt_text": []}
     for _ in range(n):
@@ -396,8 +228,8 @@ def word_order_task(
         en2, fr2, al2 = _noun_phrase(dets[1], adjectives[counts[0]:counts[0] + counts[1]],
                                      nouns[1], verb_at + 1)
         english, french = [*en1, verb, *en2], [*fr1, _translate(verb), *fr2]
-        rows["src"].append([vocab._index[w] for w in english])
-        rows["tgt"].append([vocab._index[w] for w in french])
+        rows["src"].append(vocab.encode(english))
+        rows["tgt"].append(vocab.encode(french))
         rows["align"].append([*al1, verb_at, *al2, IGNORE_INDEX])  # <eos> translates nothing
         rows["src_text"].append(" ".join(english))
         rows["tgt_text"].append(" ".join(french))
@@ -407,3 +239,17 @@ def word_order_task(
     alignment = _pad_rows(rows["align"], IGNORE_INDEX)  # (N, T)
     return AlignedTranslationTask(src, tgt_in, tgt_out, alignment, vocab, rows["src_text"],
                                   rows["tgt_text"])
+
+
+# --- argument checks
+
+
+def check_randomness(generator: object, seed: object) -> None:
+    """Raise unless at most one of ``generator`` (a torch.Generator) and ``seed`` (an int)."""
+    if not checks_wanted():
+        return
+    if generator is not None and seed is not None:
+        raise ValueError(f"pass either generator or seed, not both (got seed={seed!r})")
+    require_generator("generator", generator)
+    if seed is not None:
+        require_int("seed", seed)

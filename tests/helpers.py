@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from course_lib.attention import MultiHeadAttention
 
@@ -28,3 +29,24 @@ def copy_norm(ours: nn.Module, ref: nn.LayerNorm) -> None:
     with torch.no_grad():
         ours.weight.copy_(ref.weight)
         ours.bias.copy_(ref.bias)
+
+
+def stub(*args, **kwargs):
+    """An unsolved exercise: the body the generator leaves for the learner."""
+    raise NotImplementedError("Exercise: write the body")
+
+
+class Float64Watch(TorchFunctionMode):
+    """Records every torch call that produces a float64 tensor off the CPU: on MPS, which has
+    no float64, each of them would fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.device.type != "cpu":
+                self.calls.append(getattr(func, "__name__", str(func)))
+        return out

@@ -344,7 +344,7 @@ LIVE_CELLS = [
     "import torch\n"
     "from course_lib import DecoderConfig, DecoderLM, seed_everything\n"
     "from course_lib.train import TrainConfig, lm_batches, train\n"
-    "from course_lib.viz import LivePlot",
+    "from course_lib.course.viz import LivePlot",
     "seed_everything(0)\n"
     "model = DecoderLM(DecoderConfig(vocab_size=16, d_model=16, n_heads=2, n_layers=1, max_len=16))\n"
     "batches = lm_batches(torch.randint(0, 16, (2000,)), 4, 16,\n"

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import stub
 
 from course_lib import attention
 from course_lib.course.checks import CheckFailure
@@ -19,11 +20,6 @@ from course_lib.course.checks.ch02 import (
     check_scores_gradient,
     check_self_attention,
 )
-
-
-def _stub(*args, **kwargs):
-    raise NotImplementedError("Exercise 2.x: write the body")
-
 
 # --------------------------------------------------------------------------- 2.1 attention_weights
 
@@ -94,9 +90,9 @@ def test_attention_weights_rejects_changing_the_input_in_place():
         check_attention_weights(in_place)
 
 
-def test_attention_weights_stub_propagates():
+def test_attention_weightsstub_propagates():
     with pytest.raises(NotImplementedError):
-        check_attention_weights(_stub)
+        check_attention_weights(stub)
 
 
 # --------------------------------------------------------------------------- 2.2 self_attention
@@ -237,9 +233,9 @@ def test_self_attention_untransposed_weights_get_the_layout_hint_on_non_square_w
         check_self_attention(WRONG_SELF_ATTENTION["X @ W (untransposed)"][0])
 
 
-def test_self_attention_stub_propagates():
+def test_self_attentionstub_propagates():
     with pytest.raises(NotImplementedError):
-        check_self_attention(_stub)
+        check_self_attention(stub)
 
 
 # ------------------------------ scaled_dot_product_attention (exercise 2.3 of the first edition)
@@ -319,9 +315,9 @@ def test_sdpa_rejects_misconceptions(name):
         check_scaled_dot_product_attention(fn)
 
 
-def test_sdpa_stub_propagates():
+def test_sdpastub_propagates():
     with pytest.raises(NotImplementedError):
-        check_scaled_dot_product_attention(_stub)
+        check_scaled_dot_product_attention(stub)
 
 
 # --------------------------------------------------------------------------- 2.3 scores_gradient
@@ -394,9 +390,9 @@ def test_scores_gradient_rejects_changing_the_input_in_place():
         check_scores_gradient(in_place)
 
 
-def test_scores_gradient_stub_propagates():
+def test_scores_gradientstub_propagates():
     with pytest.raises(NotImplementedError):
-        check_scores_gradient(_stub)
+        check_scores_gradient(stub)
 
 # ------------------------------------------------------------- 2.4 is_permutation_equivariant
 
@@ -465,9 +461,9 @@ def test_equivariance_rejects_misconceptions(name):
         check_is_permutation_equivariant(fn)
 
 
-def test_equivariance_stub_propagates():
+def test_equivariancestub_propagates():
     with pytest.raises(NotImplementedError):
-        check_is_permutation_equivariant(_stub)
+        check_is_permutation_equivariant(stub)
 
 
 def _rounding_case():

@@ -1,17 +1,26 @@
-"""best_time: the warm-up call, the minimum over measurements, the average within one.
+"""device.py: best_time (the warm-up call, the minimum over measurements, the average within
+one), num_threads, choosing a device by name, seeding; and the errors for bad arguments.
 
 The timing tests run on a fake clock that each call advances by a planned duration, so they
 assert exact results and do not depend on how busy the machine is."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import course_lib.device as device_module
-from course_lib.device import available_devices, best_time, num_threads, synchronize
+from course_lib.device import (
+    available_devices,
+    best_time,
+    get_device,
+    num_threads,
+    seed_everything,
+    synchronize,
+)
 
 
 class FakeClockCalls:
@@ -66,18 +75,19 @@ def test_times_tensor_work_on_every_device(device):
     synchronize(device)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"repeat": 0}, "repeat must be a positive integer, got 0"),
-    ({"number": 1.5}, "number must be a positive integer, got 1.5"),
-    ({"repeat": True}, "repeat must be a positive integer, got True"),
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"repeat": 0}, ValueError, r"repeat.*>= 1.*0"),
+    ({"number": 1.5}, TypeError, r"number.*>= 1.*1\.5"),
+    ({"repeat": True}, TypeError, r"repeat.*>= 1.*True"),
+    ({"repeat": 2.0}, TypeError, r"repeat.*>= 1.*2\.0"),
 ])
-def test_bad_counts_are_named(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_counts_are_named(kwargs, error, match):
+    with pytest.raises(error, match=match):
         best_time(lambda: None, **kwargs)
 
 
 def test_a_result_instead_of_a_function_is_named():
-    with pytest.raises(ValueError, match="fn must be a function with no arguments, got Tensor"):
+    with pytest.raises(TypeError, match=r"fn.*function.*Tensor"):
         best_time(torch.ones(2))  # a learner forgetting the lambda
 
 
@@ -95,8 +105,70 @@ def test_num_threads_sets_and_restores():
         assert torch.get_num_threads() == before
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.0, True, "1"])
-def test_num_threads_rejects_bad_counts(bad):
-    with pytest.raises(ValueError, match=f"n must be a positive integer or None, got {bad!r}"):
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-2, ValueError), (1.0, TypeError),
+                                        (True, TypeError), ("1", TypeError)])
+def test_num_threads_rejects_bad_counts(bad, error):
+    before = torch.get_num_threads()
+    with pytest.raises(error, match=rf"n must be .*>= 1.*{re.escape(repr(bad))}"):
         with num_threads(bad):
             pass
+    assert torch.get_num_threads() == before
+
+
+def test_get_device():
+    assert get_device("cpu") == torch.device("cpu")
+    assert get_device().type in {"cpu", "cuda", "mps"}
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"prefer='cuda'.*not available.*'cpu'"):
+            get_device("cuda")
+
+
+def test_device_names_are_checked():
+    # an unknown name lists the valid ones and what this machine has
+    with pytest.raises(ValueError, match=r"prefer='gpu'.*'cpu', 'cuda', 'mps'.*this machine has "
+                                         r"'cpu'"):
+        get_device("gpu")
+    with pytest.raises(ValueError, match=r"prefer='meta'.*not a device name"):
+        get_device("meta")  # a real torch device, but not one to run the course on
+    with pytest.raises(TypeError, match=r"prefer.*device name.*3 \(int\)"):
+        get_device(3)
+
+
+def test_a_device_this_machine_lacks_is_named():
+    with pytest.raises(ValueError, match=r"prefer='cuda:99'.*not available"):
+        get_device("cuda:99")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ValueError, match=r"prefer='mps'.*not available.*'cpu'"):
+            get_device("mps")
+
+
+def test_an_unknown_course_device_variable_is_named(monkeypatch):
+    monkeypatch.setenv("COURSE_DEVICE", "gpu")
+    with pytest.raises(ValueError, match=r"COURSE_DEVICE='gpu'.*not a device name.*'cuda'"):
+        get_device()
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    assert get_device() == torch.device("cpu")
+
+
+def test_timing_helpers_name_a_bad_device():
+    with pytest.raises(ValueError, match=r"device='gpu'.*not a device name.*'mps'"):
+        synchronize("gpu")
+    calls = []
+    with pytest.raises(ValueError, match=r"device='gpu'.*not a device name"):
+        best_time(lambda: calls.append(1), device="gpu")
+    assert calls == []  # refused before running anything
+    synchronize("meta")  # any real torch device is fine: nothing to wait for
+
+
+def test_seed_everything_repeats_a_run():
+    seed_everything(3)
+    a = torch.rand(2)
+    seed_everything(3)
+    assert torch.equal(a, torch.rand(2))
+
+
+@pytest.mark.parametrize("seed, match", [("42", r"seed.*integer.*'42'"),
+                                         (True, r"seed.*integer.*True \(bool\)")])
+def test_seed_everything_refuses_a_seed_that_is_not_an_int(seed, match):
+    with pytest.raises(TypeError, match=match):
+        seed_everything(seed)

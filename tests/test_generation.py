@@ -1,33 +1,33 @@
-"""Generation: the sampling rules (temperature, top-k, top-p) against Hugging Face's logits
-warpers and as properties, and the key/value cache: cached generation gives exactly the tokens
-of uncached generation (tests/test_models.py covers the plain generation loops)."""
+"""course_lib.generation: the sampling rules (temperature, top-k, top-p) against Hugging Face's
+logits warpers and as properties, the generation loops, the key/value cache (cached generation
+gives exactly the tokens of uncached generation), and the arguments they check."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import on_devices
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from torch.nn.attention.bias import causal_lower_right
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
-from course_lib.attention import MultiHeadAttention
-from course_lib.cache import KVCache, LayerKVCache
-from course_lib.configs import DecoderConfig, EncoderDecoderConfig
+from course_lib.cache import KVCache
+from course_lib.configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
 from course_lib.generation import (
     generate,
+    generate_seq2seq,
     next_token_probs,
     sample_next_token,
 )
-from course_lib.models import DecoderLM, EncoderDecoder
+from course_lib.models import DecoderLM, Encoder, EncoderDecoder
 
 POSITIONS = ["learned", "sinusoidal", "alibi", "rope", "none"]
 
@@ -161,6 +161,93 @@ def test_sampling_without_filters_is_unchanged_by_the_new_options():
     assert torch.equal(draws[0], draws[1]) and torch.equal(draws[0], draws[2])
 
 
+# ------------------------------------------------------------------ generating with the models
+
+
+def _lm() -> DecoderLM:
+    torch.manual_seed(0)
+    return DecoderLM(DecoderConfig(vocab_size=20, d_model=16, n_heads=2, n_layers=2,
+                                   max_len=12)).eval()
+
+
+def _seq2seq() -> EncoderDecoder:
+    torch.manual_seed(0)
+    config = EncoderDecoderConfig.shared(15, 17, d_model=16, n_heads=2, max_src_len=10,
+                                         max_tgt_len=10, pad_id=0)
+    return EncoderDecoder(config).eval()
+
+
+def test_generation_is_repeatable_and_respects_top_k():
+    model = _lm()
+    prompt = torch.tensor([[1, 2, 3]])
+    a = model.generate(prompt, 8, generator=torch.Generator().manual_seed(5))
+    b = model.generate(prompt, 8, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and a.shape == (1, 11)
+    assert torch.equal(a[:, :3], prompt)
+    # generation past the context length keeps working (the model sees the last max_len)
+    long = model.generate(prompt, 20, generator=torch.Generator().manual_seed(0))
+    assert long.shape == (1, 23)
+    assert model.generate(torch.tensor([4, 5]), 2).shape == (4,)
+
+def test_greedy_and_top_k_sampling():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    assert sample_next_token(logits, temperature=0).item() == 1
+    gen = torch.Generator().manual_seed(0)
+    draws = {sample_next_token(logits, top_k=2, generator=gen).item() for _ in range(200)}
+    assert draws == {1, 3}
+    hot = {sample_next_token(logits, temperature=100.0, generator=gen).item() for _ in range(300)}
+    assert hot == {0, 1, 2, 3}
+
+def test_encoder_decoder_generation():
+    model = _seq2seq()
+    src = torch.randint(1, 15, (3, 7))
+    out = model.generate(src, bos_id=1, max_new_tokens=5)
+    assert out.shape == (3, 6) and (out[:, 0] == 1).all()
+    # greedy decoding equals taking the argmax of a forward pass at each step
+    step = model(src, out[:, :-1]).logits.argmax(-1)
+    assert torch.equal(step, out[:, 1:])
+    # learned target positions cap the new tokens at max_tgt_len (the last decoder input,
+    # <bos> plus max_tgt_len - 1 tokens, fits the position table): 1 + 10 ids
+    assert model.generate(src, bos_id=1, max_new_tokens=50).shape[1] == 11
+
+def test_encoder_decoder_stops_at_eos():
+    model = _seq2seq()
+    src = torch.randint(1, 15, (2, 5))
+    first = model.generate(src, bos_id=1, max_new_tokens=1)[:, 1]
+    eos = int(first[0])
+    out = model.generate(src, bos_id=1, max_new_tokens=9, eos_id=eos)
+    assert out[0, 1] == eos
+    assert (out[0, 1:] == eos).all()  # finished rows are filled with eos
+
+def test_a_model_of_ones_own_can_generate():
+    """generate reads the model's .config and the .logits of its output, nothing else."""
+
+    class Bigram(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(11, 11)
+            self.config = DecoderConfig(vocab_size=11, d_model=8, n_heads=2, max_len=6)
+
+        def forward(self, ids):
+            return SimpleNamespace(logits=self.table(ids))
+
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    out = generate(Bigram(), ids, 2, temperature=0)
+    assert out.shape == (2, 6) and torch.equal(out[:, :4], ids)
+    # a model whose forward takes no cache fails at once, naming what it does not take
+    with pytest.raises(TypeError, match="attention_mask|past_key_values"):
+        generate(Bigram(), ids, 2, use_cache=True)
+
+
+def test_integer_source_masks_give_the_boolean_masks_tokens():
+    model = _seq2seq()
+    src = torch.tensor([[3, 4, 5, 0, 0], [3, 4, 5, 6, 0]])  # padded with pad_id 0
+    mask = (src != 0).long()
+    assert torch.equal(
+        generate_seq2seq(model, src, bos_id=1, max_new_tokens=3, src_attention_mask=mask),
+        generate_seq2seq(model, src, bos_id=1, max_new_tokens=3, src_attention_mask=mask.bool()))
+
+
 # ------------------------------------------------------------------------- the KV cache
 
 
@@ -242,74 +329,15 @@ def test_cached_seq2seq_decoding_gives_exactly_the_uncached_tokens():
         assert len(set(runs[0][:, 1:].flatten().tolist())) > 2
 
 
-@on_devices
-@pytest.mark.parametrize("t_new", [1, 3])
-def test_attention_with_a_cache_equals_sdpa_with_a_lower_right_causal_mask(device, t_new):
-    """The new queries sit at the end: PyTorch's causal_lower_right, not is_causal=True."""
-    torch.manual_seed(0)
-    layer = MultiHeadAttention(16, 4).to(device).eval()
-    x = torch.randn(2, 5 + t_new, 16, device=device)
-    cache = LayerKVCache()
-    layer(x[:, :5], is_causal=True, past_key_value=cache)
-    out, _ = layer(x[:, 5:], is_causal=True, past_key_value=cache)
-    q, k, v = layer.qkv_proj(x).chunk(3, dim=-1)
-    q, k, v = (t.view(2, -1, 4, 4).transpose(1, 2) for t in (q, k, v))  # (B, H, S, Dh)
-    mask = causal_lower_right(t_new, 5 + t_new)
-    expected = F.scaled_dot_product_attention(q[:, :, 5:], k, v, attn_mask=mask)
-    expected = layer.out_proj(expected.transpose(1, 2).reshape(2, t_new, 16))
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    top_left = F.scaled_dot_product_attention(q[:, :, 5:], k, v, is_causal=True)
-    if t_new > 1:  # the top-left mask hides keys the new queries must see
-        assert not torch.allclose(layer.out_proj(top_left.transpose(1, 2).reshape(2, t_new, 16)),
-                                  expected, atol=1e-4)
-
-
-def test_attention_weights_with_a_cache_follow_the_lower_right_mask():
-    torch.manual_seed(0)
-    layer = MultiHeadAttention(8, 2).eval()
-    cache = LayerKVCache()
-    layer(torch.randn(1, 3, 8), is_causal=True, past_key_value=cache)
-    _, weights = layer(torch.randn(1, 2, 8), is_causal=True, past_key_value=cache,
-                       return_weights=True)
-    assert weights.shape == (1, 2, 2, 5)
-    assert (weights[0, :, 0, 4] == 0).all() and (weights[0, :, 0, :4] > 0).all()
-    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 2))
-
-
-def test_kv_cache_update_crop_and_length():
-    cache = KVCache()
-    assert cache.get_seq_length() == 0 and len(cache) == 0
-    k, v = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
-    keys, values = cache.update(k, v, 1)
-    assert len(cache) == 2 and cache.get_seq_length() == 0 and cache.get_seq_length(1) == 4
-    keys, values = cache.update(k[:, :, :1], v[:, :, :1], 1)
-    assert keys.shape == (2, 3, 5, 5) and torch.equal(values[:, :, 4], v[:, :, 0])
-    cache.crop(-2)
-    assert cache.get_seq_length(1) == 3 and torch.equal(cache.layers[1].keys, k[:, :, :3])
-    cache.crop(1)
-    assert cache.get_seq_length(1) == 1
-    assert "KVCache(layers=2" in repr(cache)
-
-
-def test_a_cropped_cache_continues_like_a_fresh_pass():
-    model = _gpt()
-    ids = torch.randint(0, 23, (1, 9), generator=torch.Generator().manual_seed(4))
-    cache = KVCache()
-    model(ids, past_key_values=cache)
-    cache.crop(6)  # take back the last three tokens
-    logits = model(ids[:, 6:], past_key_values=cache).logits
-    torch.testing.assert_close(logits, model(ids).logits[:, 6:], atol=2e-6, rtol=1e-5)
-
-
 # ------------------------------------------------------------------------------ bad input
 
 
 @pytest.mark.parametrize("top_p, error, message", [
-    (0.0, ValueError, r"top_p must be in \(0, 1\].*got 0.0"),
-    (1.5, ValueError, r"top_p must be in \(0, 1\].*got 1.5"),
-    (-0.1, ValueError, "top_p must be in"),
-    ("0.9", TypeError, "top_p must be a number in \\(0, 1\\] or None, got '0.9'"),
-    (True, TypeError, "top_p must be a number"),
+    (0.0, ValueError, r"^top_p .*> 0.*got 0\.0"),
+    (1.5, ValueError, r"^top_p .*\(0, 1\].*1\.5"),
+    (-0.1, ValueError, r"^top_p .*> 0.*-0\.1"),
+    ("0.9", TypeError, r"^top_p .*'0\.9'"),
+    (True, TypeError, r"^top_p .*True"),
 ])
 def test_bad_top_p_is_refused_with_its_value(top_p, error, message):
     model = _gpt()
@@ -319,58 +347,126 @@ def test_bad_top_p_is_refused_with_its_value(top_p, error, message):
         next_token_probs(torch.zeros(1, 3), top_p=top_p)
 
 
-def test_bad_sampling_arguments_name_themselves():
-    with pytest.raises(ValueError, match=r"temperature must be >= 0 and finite .*got inf"):
-        sample_next_token(torch.zeros(1, 3), temperature=float("inf"))
-    with pytest.raises(ValueError, match=r"temperature must be >= 0.*got nan"):
-        next_token_probs(torch.zeros(1, 3), temperature=float("nan"))
-    with pytest.raises(ValueError, match=r"logits .*\(B, V\)"):
-        next_token_probs(torch.zeros(3))
-    with pytest.raises(TypeError, match="use_cache must be True or False, got 1"):
-        _gpt().generate(torch.tensor([[1]]), 2, use_cache=1)
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: sample_next_token(torch.zeros(1, 3), temperature=-1), ValueError,
+     r"^temperature .*>= 0.*-1"),
+    (lambda: sample_next_token(torch.zeros(1, 3), temperature=float("inf")), ValueError,
+     r"^temperature .*>= 0.*inf"),
+    (lambda: next_token_probs(torch.zeros(1, 3), temperature=float("nan")), ValueError,
+     r"^temperature .*>= 0.*nan"),
+    (lambda: sample_next_token(torch.zeros(1, 3), temperature="hot"), TypeError,
+     r"^temperature .*'hot'"),
+    (lambda: next_token_probs(torch.zeros(3)), ValueError, r"^logits .*\(B, V\).*\(3,\)"),
+    (lambda: _lm().generate(torch.tensor([[1]]), 2, use_cache=1), TypeError,
+     r"^use_cache must be True or False, got 1"),
+    (lambda: _lm().generate(torch.zeros(1, 2, dtype=torch.long), 3, temperature=None), TypeError,
+     r"^temperature .*None"),
+    (lambda: _lm().generate(torch.zeros(1, 2, dtype=torch.long), 3, top_k=0), ValueError,
+     r"^top_k .*>= 1.*got 0"),
+    (lambda: _lm().generate(torch.zeros(1, 2, dtype=torch.long), 2.5), TypeError,
+     r"^max_new_tokens .*2\.5"),
+    (lambda: _lm().generate(torch.zeros(1, 2, dtype=torch.long), 0), ValueError,
+     r"^max_new_tokens .*>= 1.*got 0"),
+], ids=["temperature-negative", "temperature-inf", "temperature-nan", "temperature-str",
+        "logits-1d", "use_cache", "temperature-None", "top_k", "max_new_tokens-float",
+        "max_new_tokens-0"])
+def test_bad_sampling_arguments_name_themselves(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.parametrize("prompt", [torch.zeros(1, 0, dtype=torch.long),
+                                    torch.tensor([], dtype=torch.long)], ids=["2-D", "1-D"])
+def test_generate_refuses_an_empty_prompt(prompt):
+    with pytest.raises(ValueError, match=r"^ids is empty.*\(1, 0\)"):
+        _lm().generate(prompt, 3)
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (_seq2seq, TypeError, r"^model .*DecoderLM.*got EncoderDecoder.*generate_seq2seq"),
+    (lambda: Encoder(EncoderConfig(vocab_size=20, d_model=16, n_heads=2)), TypeError,
+     r"^model .*DecoderLM.*got Encoder"),
+    (lambda: torch.nn.Linear(2, 2), TypeError, r"^model .*DecoderLM.*got Linear"),
+    (lambda: _seq2seq().decoder, ValueError, r"^model needs an encoder.*EncoderDecoder\.generate"),
+], ids=["EncoderDecoder", "Encoder", "Linear", "decoder-with-cross-attention"])
+def test_generate_says_which_models_it_serves(make, error, message):
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(error, match=message):
+        generate(make(), ids, 2)
+    if isinstance(make(), DecoderLM):  # the method says the same
+        with pytest.raises(error, match=message):
+            make().generate(ids, 2)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: generate(_lm(), torch.tensor([[1, 2]]), 2, generator=42),
+    lambda: _lm().generate(torch.tensor([[1, 2]]), 2, generator=42),
+    lambda: generate_seq2seq(_seq2seq(), torch.tensor([[3, 4]]), bos_id=1, max_new_tokens=2,
+                             temperature=1.0, generator=42),
+    lambda: sample_next_token(torch.zeros(1, 3), generator=42),
+], ids=["generate", "DecoderLM.generate", "generate_seq2seq", "sample_next_token"])
+def test_a_seed_instead_of_a_generator_is_refused_by_name(call):
+    with pytest.raises(TypeError, match=r"^generator .*torch\.Generator.*got 42.*manual_seed"):
+        call()
+
+
+SRC = torch.tensor([[3, 4, 5, 0, 0], [3, 4, 5, 6, 0]])  # (2, 5), padded with pad_id 0
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: generate_seq2seq(_lm(), SRC, bos_id=1, max_new_tokens=2), TypeError,
+     r"^model .*EncoderDecoder.*got DecoderLM.*generate"),
+    (lambda: generate_seq2seq(_seq2seq(), SRC.float(), bos_id=1, max_new_tokens=2), ValueError,
+     r"^src .*token ids.*float32"),
+    (lambda: generate_seq2seq(_seq2seq(), SRC, bos_id=1.0, max_new_tokens=2), TypeError,
+     r"^bos_id .*1\.0.*write 1"),
+    (lambda: generate_seq2seq(_seq2seq(), SRC, bos_id=1, eos_id=17, max_new_tokens=2),
+     ValueError, r"^eos_id is 17.*0\.\.16"),
+    (lambda: _seq2seq().generate(SRC, bos_id=17, max_new_tokens=2), ValueError,
+     r"^bos_id is 17.*0\.\.16"),
+    (lambda: _seq2seq().generate(torch.ones(2, 11, dtype=torch.long), bos_id=1,
+                                 max_new_tokens=2), ValueError,
+     r"^src has 11 tokens.*max_src_len=10"),
+    (lambda: generate_seq2seq(_seq2seq(), SRC, bos_id=1, max_new_tokens=2,
+                              src_attention_mask=torch.ones(2, 5)), ValueError,
+     r"^src_attention_mask .*float32.*src_attention_mask\.bool\(\)"),
+], ids=["model", "float-src", "bos_id-type", "eos_id", "bos_id", "src-too-long", "float-mask"])
+def test_generate_seq2seq_checks_its_model_src_and_ids(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_generate_seq2seq_takes_numpy_integer_ids():
+    out = generate_seq2seq(_seq2seq(), SRC, bos_id=np.int64(1), max_new_tokens=2)
+    assert out.shape == (2, 3) and (out[:, 0] == 1).all()
 
 
 def test_bad_caches_are_refused_with_clear_messages():
     model = _gpt()  # learned positions, max_len 16, 3 layers
     ids = torch.tensor([[1, 2, 3]])
-    with pytest.raises(TypeError, match="past_key_values must be a course_lib.cache."
-                                        "KVCache .*got tuple"):
+    with pytest.raises(TypeError, match=r"^past_key_values .*KVCache.*got tuple"):
         model(ids, past_key_values=(torch.zeros(1), torch.zeros(1)))
     cache = KVCache()
     model(torch.randint(0, 23, (1, 14)), past_key_values=cache)
-    with pytest.raises(ValueError, match="holds 14 tokens and ids adds 3, more than this "
-                                         "model's context of max_len=16"):
+    with pytest.raises(ValueError, match=r"^ids has 3 tokens after 14 cached ones.*max_len=16"):
         model(ids, past_key_values=cache)
-    with pytest.raises(ValueError, match="filled with a batch of 1 sequences but ids has "
-                                         "batch size 2"):
+    with pytest.raises(ValueError, match=r"^past_key_value holds keys .*\(1, 4, 8\).*\(2, "):
         model(torch.tensor([[1], [2]]), past_key_values=cache)
-    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 1\) but with 14 "
-                                         r"cached tokens .*\(1, 15\)"):
+    with pytest.raises(ValueError, match=r"^attention_mask has shape \(1, 1\).*\(1, 15\)"):
         model(torch.tensor([[1]]), past_key_values=cache,
               attention_mask=torch.ones(1, 1, dtype=torch.bool))
-    deeper = KVCache()
-    for i in range(4):
-        deeper.layer(i)
-    with pytest.raises(ValueError, match="holds 4 layers but this model has 3"):
-        model(ids, past_key_values=deeper)
 
 
 def test_padding_with_a_cache_needs_the_full_attention_mask():
     model = _gpt(pad_id=0)
     cache = KVCache()
     model(torch.tensor([[0, 5, 6]]), past_key_values=cache)  # an empty cache: derived as usual
-    with pytest.raises(ValueError, match=r"pad_id is set.*pass attention_mask of shape \(1, 4\)"):
+    with pytest.raises(ValueError, match=r"pad_id.*attention_mask \(1, 4\)"):
         model(torch.tensor([[7]]), past_key_values=cache)
     mask = torch.tensor([[False, True, True, True]])
     out = model(torch.tensor([[7]]), past_key_values=cache, attention_mask=mask).logits
     expected = model(torch.tensor([[0, 5, 6, 7]])).logits[:, -1:]
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
-
-
-def test_cross_attention_takes_no_cache():
-    layer = MultiHeadAttention(8, 2)
-    with pytest.raises(ValueError, match="cross-attention \\(context=...\\) takes none"):
-        layer(torch.randn(1, 2, 8), torch.randn(1, 3, 8), past_key_value=LayerKVCache())
 
 
 def test_seq2seq_decoding_fills_every_target_position():

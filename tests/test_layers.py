@@ -1,16 +1,22 @@
-"""LayerNorm (the teaching path and torch's fused one) and FeedForward."""
+"""course_lib.layers: LayerNorm (the teaching path and torch's fused one), RMSNorm (against
+torch.nn.RMSNorm and F.rms_norm), FeedForward, and their argument checks."""
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import on_devices
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
+from course_lib._validate import inputs_checked
 from course_lib.configs import DecoderConfig
-from course_lib.layers import FeedForward, LayerNorm, layer_norm
+from course_lib.layers import FeedForward, LayerNorm, RMSNorm, layer_norm, rms_norm
 from course_lib.models import DecoderLM
 
 
@@ -104,3 +110,189 @@ def test_models_fused_layernorm_equals_the_teaching_layernorm(norm_first):
     ids = torch.randint(0, 30, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(teaching(ids).logits, fast(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------ RMSNorm
+
+
+@on_devices
+@pytest.mark.parametrize("eps", [1e-6, 1e-5, 1e-12])
+def test_rmsnorm_matches_torch(device, eps):
+    torch.manual_seed(0)
+    ref = nn.RMSNorm(10, eps=eps).to(device)
+    with torch.no_grad():
+        ref.weight.normal_()
+    ours = RMSNorm(10, eps=eps).to(device)
+    ours.load_state_dict(ref.state_dict())  # the same parameter name, "weight"
+    x = torch.randn(4, 3, 10, device=device) * 3 + 2
+    torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rms_norm(x, ours.weight, eps=eps),
+                               F.rms_norm(x, (10,), ours.weight, eps=eps), atol=1e-5, rtol=1e-5)
+
+
+def test_rmsnorm_without_gain_matches_torch_and_has_no_parameters():
+    x = torch.randn(6, 8) - 3
+    ref = nn.RMSNorm(8, eps=1e-6, elementwise_affine=False)
+    ours = RMSNorm(8, elementwise_affine=False)
+    torch.testing.assert_close(ours(x), ref(x))
+    assert list(ours.parameters()) == []
+    assert [n for n, _ in RMSNorm(8).named_parameters()] == ["weight"]
+
+
+def test_rmsnorm_gradients_match_torch():
+    torch.manual_seed(1)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    ours, ref = RMSNorm(16), nn.RMSNorm(16, eps=1e-6)
+    (ours(x) * torch.arange(16.0)).sum().backward()
+    (ref(x_ref) * torch.arange(16.0)).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
+
+
+def test_rmsnorm_differs_from_layernorm_exactly_by_the_mean():
+    """Centre x first and RMSNorm is LayerNorm (both without gain and bias)."""
+    x = torch.randn(5, 32) * 2 + 4
+    centred = x - x.mean(-1, keepdim=True)
+    torch.testing.assert_close(rms_norm(centred, eps=1e-5), layer_norm(x, eps=1e-5))
+    assert (rms_norm(x, eps=1e-5) - layer_norm(x, eps=1e-5)).abs().max() > 0.1
+
+
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=0, max_size=2),
+    d=st.integers(2, 48),
+    scale=st.floats(0.01, 100.0),
+    seed=st.integers(0, 2**16),
+)
+def test_rmsnorm_output_has_unit_rms_and_ignores_the_input_scale(shape, d, scale, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, d, generator=gen, dtype=torch.float64) + 0.5
+    out = rms_norm(x, eps=1e-12)
+    rms = out.pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.ones_like(rms))
+    torch.testing.assert_close(rms_norm(scale * x, eps=1e-12), out)
+    torch.testing.assert_close(out, F.rms_norm(x, (d,), eps=1e-12))
+
+
+@given(t=st.integers(1, 6), j=st.integers(0, 5), seed=st.integers(0, 2**16))
+def test_rmsnorm_treats_positions_independently(t, j, seed):
+    j = j % t
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, 8, generator=gen)
+    y = x.clone()
+    y[j] = torch.randn(8, generator=gen) * 10
+    moved = (rms_norm(x) - rms_norm(y)).abs().amax(-1)  # (T,)
+    others = torch.arange(t) != j
+    assert bool((moved[others] == 0).all())
+
+
+def test_a_zero_vector_stays_zero_thanks_to_eps():
+    """With eps the library's norms map a zero (or constant) vector to 0 and have finite
+    gradients there; the same library code with eps = 0 divides 0 by 0."""
+    x = torch.zeros(2, 4, requires_grad=True)
+    out = rms_norm(x)
+    assert torch.equal(out, torch.zeros(2, 4))
+    constant = torch.full((2, 4), 3.0, requires_grad=True)
+    assert torch.equal(layer_norm(constant), torch.zeros(2, 4))
+    (out.sum() + layer_norm(constant).sum()).backward()
+    assert bool(torch.isfinite(x.grad).all()) and bool(torch.isfinite(constant.grad).all())
+    # the public functions refuse eps = 0; their equations, run unchecked, show why
+    with inputs_checked():
+        assert bool(torch.isnan(rms_norm(torch.zeros(2, 4), eps=0.0)).all())
+        assert bool(torch.isnan(layer_norm(torch.full((2, 4), 3.0), eps=0.0)).all())
+
+
+# ------------------------------------------------------------------------------ bad input
+
+X64 = torch.from_numpy(np.random.default_rng(0).normal(size=(2, 3, 8)))  # float64, from numpy
+X64_MESSAGE = r"^x has dtype torch\.float64.*float32.*x\.float\(\)"  # names the fix
+
+BAD_LAYER_CALLS = [
+    # not a tensor, too few or too many dimensions, integers
+    (lambda: rms_norm([1.0, 2.0]), TypeError, r"^x .*torch\.Tensor.*list"),
+    (lambda: rms_norm(torch.tensor(3.0)), ValueError, r"^x .*\(\.\.\., D\).*\(\)"),
+    (lambda: rms_norm(torch.arange(4)), ValueError, r"^x .*floating-point.*int64"),
+    (lambda: RMSNorm(8)(torch.ones(3, 8, dtype=torch.long)), ValueError,
+     r"^x .*floating-point.*int64"),
+    (lambda: FeedForward(4)(torch.ones(2, 4, dtype=torch.long)), ValueError,
+     r"^x .*floating-point.*int64"),
+    # a last dimension that is not the layer's size
+    (lambda: FeedForward(8)(torch.randn(3, 7)), ValueError, r"^x has shape \(3, 7\).*=8"),
+    (lambda: LayerNorm(8)(torch.randn(3, 7)), ValueError, r"^x has shape \(3, 7\).*=8"),
+    (lambda: RMSNorm(8)(torch.randn(3, 7)), ValueError, r"^x has shape \(3, 7\).*=8"),
+    (lambda: rms_norm(torch.randn(2, 5), torch.ones(4)), ValueError,
+     r"^x has shape \(2, 5\).*weight\.shape\[-1\]=4"),
+    (lambda: layer_norm(torch.randn(2, 5), torch.ones(4)), ValueError,
+     r"^x has shape \(2, 5\).*weight\.shape\[-1\]=4"),
+    (lambda: layer_norm(torch.randn(2, 5), torch.ones(5), torch.zeros(5, 1)), ValueError,
+     r"bias\.shape\[-1\]=1"),
+    # mixed dtypes: float64 from numpy into a float32 layer, and the fix
+    (lambda: FeedForward(8)(X64), ValueError, X64_MESSAGE),
+    (lambda: LayerNorm(8)(X64), ValueError, X64_MESSAGE),
+    (lambda: RMSNorm(8)(X64), ValueError, X64_MESSAGE),
+    (lambda: rms_norm(torch.randn(2, 5), torch.ones(5, dtype=torch.float64)), ValueError,
+     r"^x has dtype torch\.float32.*weight.*float64"),
+    (lambda: layer_norm(torch.randn(2, 5), None, torch.zeros(5, dtype=torch.float16)),
+     ValueError, r"^x has dtype torch\.float32.*bias.*float16"),
+    # eps
+    (lambda: rms_norm(torch.randn(2, 5), eps=0), ValueError, r"^eps .*> 0.*got 0"),
+    (lambda: rms_norm(torch.randn(2, 5), eps="1e-6"), TypeError, r"^eps .*> 0.*'1e-6'"),
+    (lambda: layer_norm(torch.randn(2, 5), eps=-1.0), ValueError, r"^eps .*> 0.*-1\.0"),
+    (lambda: RMSNorm(8, eps=0.0)(torch.randn(3, 8)), ValueError, r"^eps .*> 0.*0\.0"),
+    # sizes <= 0 and sizes of the wrong type
+    (lambda: RMSNorm(0), ValueError, r"^d_model .*>= 1.*got 0"),
+    (lambda: RMSNorm(8.0), TypeError, r"^d_model .*8\.0.*write 8"),
+    (lambda: LayerNorm(-3), ValueError, r"^d_model .*>= 1.*got -3"),
+    (lambda: FeedForward(8, 0), ValueError, r"^d_ff .*>= 1.*got 0"),
+    # options
+    (lambda: FeedForward(8, activation="swish"), ValueError, r"^activation .*'gelu'.*'swish'"),
+    (lambda: FeedForward(8, dropout=1.5), ValueError, r"^dropout .*\[0, 1\).*1\.5"),
+]
+
+
+@pytest.mark.parametrize("call,error,message", BAD_LAYER_CALLS)
+def test_layers_reject_bad_input_naming_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+BOOLEAN_OPTIONS = {
+    "FeedForward bias": (lambda v: FeedForward(8, bias=v), "bias"),
+    "LayerNorm elementwise_affine": (lambda v: LayerNorm(8, elementwise_affine=v),
+                                     "elementwise_affine"),
+    "LayerNorm bias": (lambda v: LayerNorm(8, bias=v), "bias"),
+    "RMSNorm elementwise_affine": (lambda v: RMSNorm(8, elementwise_affine=v),
+                                   "elementwise_affine"),
+}
+
+
+@pytest.mark.parametrize("value", ["post", "False", 0, None])
+@pytest.mark.parametrize("option", sorted(BOOLEAN_OPTIONS))
+def test_boolean_options_refuse_anything_but_true_and_false(option, value):
+    build, name = BOOLEAN_OPTIONS[option]
+    with pytest.raises(TypeError, match=rf"^{name} must be True or False"):
+        build(value)
+
+
+@pytest.mark.parametrize("ndim", [1, 8])
+def test_functions_and_modules_accept_the_same_numbers_of_dimensions(ndim):
+    x = torch.randn(*([1] * (ndim - 1)), 4)
+    for norm in (layer_norm, rms_norm, LayerNorm(4), RMSNorm(4)):
+        assert norm(x).shape == x.shape
+
+
+def test_functions_and_modules_reject_the_same_too_many_dimensions():
+    x = torch.randn(*([1] * 8), 4)  # 9-D
+    for norm in (layer_norm, rms_norm, LayerNorm(4), RMSNorm(4)):
+        with pytest.raises(ValueError, match=r"^x .*\(\.\.\., D\).*\(1, 1, 1, 1, 1, 1, 1, 1, 4\)"):
+            norm(x)
+
+
+@pytest.mark.parametrize("module", [LayerNorm(8), RMSNorm(8)], ids=["LayerNorm", "RMSNorm"])
+def test_modules_check_inputs_unless_a_library_caller_has(module):
+    """As FeedForward: checked when called directly, trusted inside inputs_checked()."""
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^x has dtype torch\.float64"):
+        module(x)
+    with inputs_checked():
+        assert module(x).shape == (3, 8)  # no check: torch promotes to float64

@@ -1,114 +1,25 @@
-"""Encoder and decoder blocks against nn.TransformerEncoderLayer / nn.TransformerDecoderLayer
-(weights copied, eval mode), and the full models' behaviour."""
+"""course_lib.models: the encoder, the decoder language model and the encoder-decoder (their
+behaviour, parameter counts and properties: causality, permutation equivariance without
+positions), and the arguments each model checks at its boundary, named as the learner wrote
+them (src_attention_mask, max_src_len, ...)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import on_devices
-from helpers import copy_linear, copy_mha_from_torch, copy_norm
-from torch import nn
+from hypothesis import given
+from hypothesis import strategies as st
 
-from course_lib.attention import causal_mask, padding_mask
-from course_lib.blocks import DecoderBlock, EncoderBlock
+from course_lib.cache import KVCache
 from course_lib.configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
-from course_lib.generation import sample_next_token
 from course_lib.models import (
     DecoderLM,
     Encoder,
     EncoderDecoder,
     count_parameters,
+    lm_loss,
     parameter_breakdown,
 )
-
-TOL = dict(atol=1e-5, rtol=1e-5)
-D, H, F_ = 16, 4, 40
-
-
-def _encoder_pair(norm_first: bool, activation: str):
-    torch.manual_seed(0)
-    ref = nn.TransformerEncoderLayer(
-        D, H, F_, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
-    )
-    for p in ref.parameters():  # move LayerNorm gains/biases away from 1/0 so they matter
-        nn.init.normal_(p, std=0.3)
-    ours = EncoderBlock(D, H, F_, activation=activation, norm_first=norm_first)
-    copy_mha_from_torch(ours.self_attn, ref.self_attn)
-    copy_linear(ours.ff.fc1, ref.linear1)
-    copy_linear(ours.ff.fc2, ref.linear2)
-    copy_norm(ours.attn_norm, ref.norm1)
-    copy_norm(ours.ff_norm, ref.norm2)
-    return ours.eval(), ref.eval()
-
-
-@on_devices
-@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-norm", "post-norm"])
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_encoder_block_matches_torch(device, norm_first, activation):
-    ours, ref = _encoder_pair(norm_first, activation)
-    ours, ref = ours.to(device), ref.to(device)
-    x = torch.randn(3, 7, D, device=device)
-    keep = padding_mask([7, 5, 2], device=device)
-    with torch.no_grad():
-        ref_out = ref(x, src_key_padding_mask=~keep)
-        out, weights = ours(x, attention_mask=keep, return_weights=True)
-        fused, _ = ours(x, attention_mask=keep)
-    # PyTorch's fast path fills padded *query* rows with zeros; compare the real tokens.
-    torch.testing.assert_close(out[keep], ref_out[keep], **TOL)
-    torch.testing.assert_close(fused[keep], ref_out[keep], **TOL)
-    assert weights.shape == (3, H, 7, 7)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(x)[0], ref(x), **TOL)
-
-
-def _decoder_pair(norm_first: bool):
-    torch.manual_seed(1)
-    ref = nn.TransformerDecoderLayer(
-        D, H, F_, dropout=0.0, batch_first=True, norm_first=norm_first
-    )
-    for p in ref.parameters():
-        nn.init.normal_(p, std=0.3)
-    ours = DecoderBlock(D, H, F_, cross_attention=True, norm_first=norm_first)
-    copy_mha_from_torch(ours.self_attn, ref.self_attn)
-    copy_mha_from_torch(ours.cross_attn, ref.multihead_attn)
-    copy_linear(ours.ff.fc1, ref.linear1)
-    copy_linear(ours.ff.fc2, ref.linear2)
-    copy_norm(ours.attn_norm, ref.norm1)
-    copy_norm(ours.cross_attn_norm, ref.norm2)
-    copy_norm(ours.ff_norm, ref.norm3)
-    return ours.eval(), ref.eval()
-
-
-@on_devices
-@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-norm", "post-norm"])
-def test_decoder_block_matches_torch(device, norm_first):
-    ours, ref = _decoder_pair(norm_first)
-    ours, ref = ours.to(device), ref.to(device)
-    x = torch.randn(2, 6, D, device=device)
-    memory = torch.randn(2, 9, D, device=device)
-    mem_keep = padding_mask([9, 4], device=device)
-    with torch.no_grad():
-        ref_out = ref(
-            x, memory, tgt_mask=~causal_mask(6, device=device), tgt_is_causal=True,
-            memory_key_padding_mask=~mem_keep,
-        )
-        for return_weights in (True, False):
-            out, self_w, cross_w = ours(
-                x, memory, encoder_attention_mask=mem_keep, return_weights=return_weights
-            )
-            torch.testing.assert_close(out, ref_out, **TOL)
-    assert self_w is None and cross_w is None  # return_weights=False on the last pass
-    _, self_w, cross_w = ours(x, memory, encoder_attention_mask=mem_keep, return_weights=True)
-    assert self_w.shape == (2, H, 6, 6) and cross_w.shape == (2, H, 6, 9)
-    assert torch.equal(cross_w[1, ..., 4:], torch.zeros_like(cross_w[1, ..., 4:]))
-
-
-def test_decoder_block_without_cross_attention_rejects_encoder_states():
-    block = DecoderBlock(D, H)
-    with pytest.raises(ValueError, match="no cross-attention"):
-        block(torch.randn(1, 3, D), torch.randn(1, 4, D))
-    with pytest.raises(ValueError, match="needs encoder_hidden_states"):
-        DecoderBlock(D, H, cross_attention=True)(torch.randn(1, 3, D))
 
 
 def _gpt(**overrides) -> DecoderLM:
@@ -157,45 +68,6 @@ def test_loss_ignores_minus_100_targets():
     full = model(ids[:, :3], targets=ids[:, :3]).loss
     partial = model(ids, targets=targets).loss
     torch.testing.assert_close(full, partial)
-
-
-def test_generation_is_repeatable_and_respects_top_k():
-    model = _gpt()
-    prompt = torch.tensor([[1, 2, 3]])
-    a = model.generate(prompt, 8, generator=torch.Generator().manual_seed(5))
-    b = model.generate(prompt, 8, generator=torch.Generator().manual_seed(5))
-    assert torch.equal(a, b) and a.shape == (1, 11)
-    assert torch.equal(a[:, :3], prompt)
-    # generation past the context length keeps working (the model sees the last max_len)
-    long = model.generate(prompt, 20, generator=torch.Generator().manual_seed(0))
-    assert long.shape == (1, 23)
-    assert model.generate(torch.tensor([4, 5]), 2).shape == (4,)
-
-
-def test_greedy_and_top_k_sampling():
-    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
-    assert sample_next_token(logits, temperature=0).item() == 1
-    gen = torch.Generator().manual_seed(0)
-    draws = {sample_next_token(logits, top_k=2, generator=gen).item() for _ in range(200)}
-    assert draws == {1, 3}
-    hot = {sample_next_token(logits, temperature=100.0, generator=gen).item() for _ in range(300)}
-    assert hot == {0, 1, 2, 3}
-
-
-def test_generation_past_the_context_sees_the_last_max_len_tokens():
-    model = _gpt()  # max_len 12
-    torch.manual_seed(1)
-    prompt = torch.randint(0, 20, (2, 30))
-    out = model.generate(prompt, 1, temperature=0)
-    expected = model(prompt[:, -12:]).logits[:, -1].argmax(-1)
-    assert torch.equal(out[:, -1], expected)
-
-
-def test_greedy_generation_takes_the_argmax():
-    model = _gpt()
-    prompt = torch.tensor([[3, 1, 4]])
-    out = model.generate(prompt, 1, temperature=0)
-    assert out[0, -1] == model(prompt).logits[0, -1].argmax()
 
 
 def test_encoder_returns_hidden_states_and_attentions():
@@ -248,35 +120,6 @@ def test_encoder_decoder_shapes_and_cross_attention():
     assert out.loss is not None
 
 
-def test_encoder_decoder_generation():
-    model = _seq2seq()
-    src = torch.randint(1, 15, (3, 7))
-    out = model.generate(src, bos_id=1, max_new_tokens=5)
-    assert out.shape == (3, 6) and (out[:, 0] == 1).all()
-    # greedy decoding equals taking the argmax of a forward pass at each step
-    step = model(src, out[:, :-1]).logits.argmax(-1)
-    assert torch.equal(step, out[:, 1:])
-    # learned target positions cap the new tokens at max_tgt_len (the last decoder input,
-    # <bos> plus max_tgt_len - 1 tokens, fits the position table): 1 + 10 ids
-    assert model.generate(src, bos_id=1, max_new_tokens=50).shape[1] == 11
-
-
-def test_encoder_decoder_stops_at_eos():
-    model = _seq2seq()
-    src = torch.randint(1, 15, (2, 5))
-    first = model.generate(src, bos_id=1, max_new_tokens=1)[:, 1]
-    eos = int(first[0])
-    out = model.generate(src, bos_id=1, max_new_tokens=9, eos_id=eos)
-    assert out[0, 1] == eos
-    assert (out[0, 1:] == eos).all()  # finished rows are filled with eos
-
-
-def test_generate_needs_the_right_model():
-    model = _seq2seq()
-    with pytest.raises(ValueError, match="EncoderDecoder.generate"):
-        model.decoder.generate(torch.tensor([[1]]), 2)
-
-
 def test_parameter_breakdown_adds_up_and_matches_the_formula():
     model = _gpt(tie_embeddings=False)
     parts = parameter_breakdown(model)
@@ -302,3 +145,321 @@ def test_sinusoidal_models_scale_tokens_to_the_size_of_the_positions():
     ratio = float(tokens.pow(2).mean().sqrt() / positions.pow(2).mean().sqrt())
     assert 0.5 < ratio < 3.0  # same order of magnitude, not 35x apart
     assert _gpt(positions="learned").embeddings.token_scale == 1.0
+
+
+# ------------------------------------------------------------------------------ properties
+
+
+@given(t=st.integers(2, 10), seed=st.integers(0, 2**16))
+def test_encoder_without_positions_is_permutation_equivariant(t, seed):
+    torch.manual_seed(seed)
+    enc = Encoder(
+        EncoderConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=2, positions="none")
+    ).eval()
+    ids = torch.randint(0, 11, (1, t))
+    perm = torch.randperm(t)
+    out = enc(ids).last_hidden_state
+    torch.testing.assert_close(enc(ids[:, perm]).last_hidden_state, out[:, perm],
+                               atol=1e-5, rtol=1e-5)
+
+
+@given(t=st.integers(3, 10), seed=st.integers(0, 2**16))
+def test_encoder_with_positions_is_not_permutation_equivariant(t, seed):
+    torch.manual_seed(seed)
+    enc = Encoder(
+        EncoderConfig(vocab_size=50, d_model=8, n_heads=2, n_layers=1, positions="learned")
+    ).eval()
+    ids = torch.arange(t)[None] + 1  # all tokens different
+    perm = torch.roll(torch.arange(t), 1)
+    out = enc(ids).last_hidden_state
+    assert not torch.allclose(enc(ids[:, perm]).last_hidden_state, out[:, perm], atol=1e-4)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "alibi", "rope", "none"])
+@given(t=st.integers(1, 12), cut=st.integers(0, 11), seed=st.integers(0, 2**16))
+def test_whole_decoder_is_causal(positions, t, cut, seed):
+    cut = min(cut, t - 1)
+    torch.manual_seed(seed)
+    model = DecoderLM(
+        DecoderConfig(vocab_size=13, d_model=8, n_heads=2, n_layers=2, max_len=12,
+                      positions=positions)
+    ).eval()
+    ids = torch.randint(0, 13, (2, t))
+    changed = ids.clone()
+    changed[:, cut + 1:] = (changed[:, cut + 1:] + 1) % 13
+    a = model(ids).logits
+    b = model(changed).logits
+    torch.testing.assert_close(a[:, : cut + 1], b[:, : cut + 1], atol=1e-5, rtol=1e-5)
+    if cut + 1 < t:  # and the future is not ignored by everybody: the last position sees it
+        assert not torch.allclose(a[:, -1], b[:, -1])
+
+
+@given(t=st.integers(1, 8), cut=st.integers(0, 7), seed=st.integers(0, 2**16))
+def test_encoder_decoder_target_side_is_causal(t, cut, seed):
+    cut = min(cut, t - 1)
+    torch.manual_seed(seed)
+    model = EncoderDecoder(EncoderDecoderConfig.shared(
+        src_vocab_size=9, tgt_vocab_size=9, d_model=8, n_heads=2, max_src_len=8, max_tgt_len=8
+    )).eval()
+    src = torch.randint(0, 9, (1, 5))
+    tgt = torch.randint(0, 9, (1, t))
+    changed = tgt.clone()
+    changed[:, cut + 1:] = (changed[:, cut + 1:] + 1) % 9
+    a = model(src, tgt).logits
+    b = model(src, changed).logits
+    torch.testing.assert_close(a[:, : cut + 1], b[:, : cut + 1], atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- masks: 0/1 integers, padding
+
+
+def _small_gpt(**overrides) -> DecoderLM:
+    config = dict(vocab_size=11, d_model=8, n_heads=2, n_layers=1, max_len=6)
+    config.update(overrides)
+    torch.manual_seed(0)
+    return DecoderLM(DecoderConfig(**config)).eval()
+
+
+def _small_encoder(**overrides) -> Encoder:
+    config = dict(vocab_size=11, d_model=8, n_heads=2, n_layers=1, max_len=6)
+    config.update(overrides)
+    torch.manual_seed(0)
+    return Encoder(EncoderConfig(**config)).eval()
+
+
+def _small_seq2seq() -> EncoderDecoder:
+    torch.manual_seed(0)
+    return EncoderDecoder(EncoderDecoderConfig.shared(
+        9, 7, d_model=8, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, max_src_len=5,
+        max_tgt_len=4, pad_id=0)).eval()
+
+
+IDS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])  # (2, 4)
+MEMORY = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))  # (B, S, D)
+KEEP = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])  # (2, 5), 0/1 as a tokenizer gives
+SRC = torch.tensor([[3, 4, 5, 0, 0], [3, 4, 5, 6, 0]])  # padded with pad_id 0
+TGT = torch.tensor([[1, 2, 3], [1, 4, 5]])
+
+
+@pytest.mark.parametrize("mask", [KEEP, KEEP.bool()], ids=["0/1 integers", "booleans"])
+def test_masked_source_positions_do_not_move_the_decoder(mask):
+    decoder = _small_gpt(cross_attention=True)
+    changed = MEMORY.clone()
+    changed[0, 3:] = 100.0  # padding positions of the first source
+    with torch.no_grad():
+        a = decoder(IDS, encoder_hidden_states=MEMORY, encoder_attention_mask=mask).logits
+        b = decoder(IDS, encoder_hidden_states=changed, encoder_attention_mask=mask).logits
+    assert torch.equal(a, b)
+
+
+def test_integer_masks_give_the_boolean_masks_results():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    encoder, decoder, model = _small_encoder(), _small_gpt(), _small_seq2seq()
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(IDS, attention_mask=mask).last_hidden_state,
+                                   encoder(IDS, attention_mask=mask.bool()).last_hidden_state)
+        torch.testing.assert_close(decoder(IDS, attention_mask=mask).logits,
+                                   decoder(IDS, attention_mask=mask.bool()).logits)
+        src_mask, tgt_mask = (SRC != 0).long(), torch.tensor([[1, 1, 0], [1, 1, 1]])
+        torch.testing.assert_close(
+            model(SRC, TGT, src_attention_mask=src_mask, tgt_attention_mask=tgt_mask).logits,
+            model(SRC, TGT, src_attention_mask=src_mask.bool(),
+                  tgt_attention_mask=tgt_mask.bool()).logits)
+
+
+def test_an_integer_mask_with_a_cache_gives_the_boolean_masks_results():
+    model = _small_gpt(pad_id=0)
+    ids = torch.tensor([[0, 5, 6]])
+    outs = []
+    for mask in (torch.tensor([[0, 1, 1, 1]]), torch.tensor([[False, True, True, True]])):
+        cache = KVCache()
+        with torch.no_grad():
+            model(ids, past_key_values=cache)
+            outs.append(model(torch.tensor([[7]]), past_key_values=cache,
+                              attention_mask=mask).logits)
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_int32_targets_give_the_int64_loss():
+    logits = torch.randn(2, 4, 11, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(lm_loss(logits, IDS.int()), lm_loss(logits, IDS))
+    with pytest.raises(ValueError, match=r"^targets .*token ids.*float32"):
+        lm_loss(logits, IDS.float())
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def _long_ids(n: int) -> torch.Tensor:
+    return torch.ones(2, n, dtype=torch.long)
+
+
+BAD_MODEL_CALLS = {
+    # ids: too long, outside the vocabulary, not integers, not (B, T)
+    "too long": (lambda: DecoderLM(DecoderConfig(vocab_size=7, d_model=8, n_heads=2, max_len=5))(
+        torch.zeros(1, 6, dtype=torch.long)), ValueError, r"^ids has 6 tokens.*max_len=5"),
+    "ids outside": (lambda: _small_encoder(vocab_size=7)(torch.tensor([[0, 9]])), ValueError,
+                    r"^ids holds ids 0..9.*0\.\.6"),
+    "float ids": (lambda: _small_encoder()(torch.zeros(1, 3)), ValueError,
+                  r"^ids .*token ids.*float32.*ids\.long\(\)"),
+    "1-D ids": (lambda: _small_encoder()(torch.zeros(3, dtype=torch.long)), ValueError,
+                r"^ids .*\(B, T\).*ids\[None\].*\(3,\)"),
+    "mask shape": (lambda: _small_encoder()(torch.zeros(1, 3, dtype=torch.long),
+                                            attention_mask=torch.ones(1, 4, dtype=torch.bool)),
+                   ValueError, r"^attention_mask has shape \(1, 4\).*\(1, 3\)"),
+    "config type": (lambda: Encoder(DecoderConfig(vocab_size=5)), TypeError,
+                    r"^config .*EncoderConfig.*got DecoderConfig"),
+    # segments
+    "no segments": (lambda: _small_encoder()(IDS, token_type_ids=torch.zeros_like(IDS)),
+                    ValueError, r"^token_type_ids.*type_vocab_size=0"),
+    "segment ids": (lambda: _small_encoder(type_vocab_size=2)(
+        IDS[:, :3], token_type_ids=torch.tensor([[0, 1, 2], [0, 0, 0]])),
+        ValueError, r"^token_type_ids holds ids 0..2.*0\.\.1"),
+    # targets
+    "float targets": (lambda: _small_gpt()(IDS, targets=torch.zeros(2, 4)), ValueError,
+                      r"^targets .*token ids.*float32"),
+    "targets outside": (lambda: _small_gpt()(IDS, targets=torch.full((2, 4), 11)), ValueError,
+                        r"^targets.*11.*0\.\.10.*-100"),
+    "targets shape": (lambda: _small_gpt()(IDS, targets=torch.zeros(2, 3, dtype=torch.long)),
+                      ValueError, r"^targets has shape \(2, 3\).*\(2, 4\)"),
+    # an encoder-decoder names src, tgt and their limits
+    "src too long": (lambda: _small_seq2seq()(_long_ids(6), TGT), ValueError,
+                     r"^src has 6 tokens.*max_src_len=5"),
+    "tgt too long": (lambda: _small_seq2seq()(SRC, _long_ids(5)), ValueError,
+                     r"^tgt has 5 tokens.*max_tgt_len=4"),
+    "src outside": (lambda: _small_seq2seq()(torch.tensor([[1, 9]]), TGT[:1]), ValueError,
+                    r"^src holds ids 1..9.*0\.\.8"),
+    "tgt outside": (lambda: _small_seq2seq()(SRC[:1], torch.tensor([[1, 7]])), ValueError,
+                    r"^tgt holds ids 1..7.*0\.\.6"),
+    "batch sizes": (lambda: _small_seq2seq()(SRC, TGT[:1]), ValueError,
+                    r"^tgt has shape \(1, 3\).*src's batch size=2"),
+    "src mask": (lambda: _small_seq2seq()(
+        SRC, TGT, src_attention_mask=torch.ones(2, 4, dtype=torch.bool)), ValueError,
+        r"^src_attention_mask has shape \(2, 4\).*\(2, 5\)"),
+    "tgt mask": (lambda: _small_seq2seq()(
+        SRC, TGT, tgt_attention_mask=torch.ones(2, 4, dtype=torch.bool)), ValueError,
+        r"^tgt_attention_mask has shape \(2, 4\).*\(2, 3\)"),
+    "seq2seq targets": (lambda: _small_seq2seq()(
+        SRC, TGT, targets=torch.ones(2, 2, dtype=torch.long)), ValueError,
+        r"^targets has shape \(2, 2\).*\(2, 3\)"),
+    # a decoder's cross-attention inputs
+    "float encoder mask": (lambda: _small_gpt(cross_attention=True)(
+        IDS, encoder_hidden_states=MEMORY, encoder_attention_mask=KEEP.float()), ValueError,
+        r"^encoder_attention_mask .*float32.*encoder_attention_mask\.bool\(\)"),
+    "encoder mask shape": (lambda: _small_gpt(cross_attention=True)(
+        IDS, encoder_hidden_states=MEMORY,
+        encoder_attention_mask=torch.ones(2, 4, dtype=torch.bool)), ValueError,
+        r"^encoder_attention_mask has shape \(2, 4\).*\(2, 5\)"),
+    "float64 memory": (lambda: _small_gpt(cross_attention=True)(
+        IDS, encoder_hidden_states=MEMORY.double()), ValueError,
+        r"^encoder_hidden_states has dtype torch\.float64.*encoder_hidden_states\.float\(\)"),
+    "memory batch": (lambda: _small_gpt(cross_attention=True)(
+        IDS, encoder_hidden_states=MEMORY[:1]), ValueError,
+        r"^encoder_hidden_states has shape \(1, 5, 8\).*batch size=2"),
+    "memory width": (lambda: _small_gpt(cross_attention=True)(
+        IDS, encoder_hidden_states=MEMORY[..., :6]), ValueError,
+        r"^encoder_hidden_states has shape \(2, 5, 6\).*d_model=8"),
+    "memory missing": (lambda: _small_gpt(cross_attention=True)(IDS), ValueError,
+                       "needs encoder_hidden_states"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MODEL_CALLS))
+def test_models_name_the_bad_argument(case):
+    call, error, message = BAD_MODEL_CALLS[case]
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_minus_100_targets_are_allowed():
+    ignored = torch.full((2, 4), -100)
+    ignored[:, 0] = 3
+    assert torch.isfinite(_small_gpt()(IDS, targets=ignored).loss)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: _small_encoder()(IDS, attention_mask=torch.ones(2, 4)), "attention_mask"),
+    (lambda: _small_gpt()(IDS, attention_mask=torch.ones(2, 4)), "attention_mask"),
+    (lambda: _small_seq2seq()(SRC, TGT, src_attention_mask=torch.ones(2, 5)),
+     "src_attention_mask"),
+    (lambda: _small_seq2seq()(SRC, TGT, tgt_attention_mask=torch.ones(2, 3)),
+     "tgt_attention_mask"),
+    (lambda: _small_seq2seq().encode(SRC, torch.ones(2, 5)), "src_attention_mask"),
+    (lambda: _small_gpt()(IDS, past_key_values=KVCache(), attention_mask=torch.ones(2, 4)),
+     "attention_mask"),
+], ids=["encoder", "decoder", "src", "tgt", "encode", "cached"])
+def test_float_masks_are_refused_by_the_name_the_learner_wrote(call, name):
+    with pytest.raises(ValueError, match=rf"^{name} .*float32.*{name}\.bool\(\)"):
+        call()
+
+
+@pytest.mark.parametrize("name, value", [
+    ("encoder_hidden_states", MEMORY),
+    ("encoder_attention_mask", KEEP.bool()),
+])
+def test_cross_attention_inputs_to_a_decoder_without_it_are_refused(name, value):
+    with pytest.raises(ValueError, match="no cross-attention"):
+        _small_gpt()(IDS, **{name: value})
+
+
+def test_an_encoder_attention_mask_without_cross_attention_is_named():
+    with pytest.raises(ValueError, match="no cross-attention.*encoder_attention_mask"):
+        _small_gpt()(IDS, encoder_attention_mask=KEEP.bool())
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: _small_encoder()(IDS, output_attentions=1), "output_attentions"),
+    (lambda: _small_encoder()(IDS, output_hidden_states="yes"), "output_hidden_states"),
+    (lambda: _small_gpt()(IDS, output_attentions="yes"), "output_attentions"),
+    (lambda: _small_seq2seq()(SRC, TGT, output_attentions=1), "output_attentions"),
+])
+def test_output_flags_must_be_true_or_false(call, name):
+    with pytest.raises(TypeError, match=rf"^{name} must be True or False"):
+        call()
+
+
+def test_count_parameters_refuses_a_truthy_string():
+    with pytest.raises(TypeError, match=r"^trainable_only must be True or False"):
+        count_parameters(torch.nn.Linear(2, 2), trainable_only="yes")
+
+
+# ------------------------------------------- checks skipped inside a model, never for the caller
+
+
+def test_checks_skipped_inside_a_model_are_back_for_the_next_call():
+    model = _small_gpt()
+    model(torch.zeros(1, 4, dtype=torch.long))  # runs its blocks with the inner checks off
+    attention = model.blocks[0].self_attn
+    with pytest.raises(ValueError, match=r"^x has dtype torch\.float64"):
+        attention(torch.zeros(1, 4, 8, dtype=torch.float64))
+
+    def fail(*_):
+        raise RuntimeError("a failure inside the model")
+
+    handle = model.blocks[0].ff.register_forward_hook(fail)
+    with pytest.raises(RuntimeError, match="a failure inside"):  # must not leave checks off
+        model(torch.zeros(1, 4, dtype=torch.long))
+    handle.remove()
+    with pytest.raises(ValueError, match=r"^x has dtype torch\.float64"):
+        attention(torch.zeros(1, 4, 8, dtype=torch.float64))
+
+
+def test_the_inner_checks_are_back_after_an_encoder_decoder_call():
+    model = _small_seq2seq()
+    model(SRC, TGT)  # runs the encoder and the decoder with their checks off
+    with pytest.raises(ValueError, match=r"^attention_mask .*float32"):
+        model.encoder(SRC, attention_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"^ids has 5 tokens.*max_len=4"):
+        model.decoder(torch.ones(2, 5, dtype=torch.long), encoder_hidden_states=MEMORY)
+
+
+def test_forward_hooks_still_see_every_inner_module():
+    model = _small_gpt(n_layers=2)
+    seen = []
+    for name, module in model.named_modules():
+        if name:
+            module.register_forward_hook(lambda m, i, o, name=name: seen.append(name))
+    model(torch.zeros(1, 4, dtype=torch.long))
+    for i in range(2):
+        assert {f"blocks.{i}.self_attn", f"blocks.{i}.ff", f"blocks.{i}.attn_norm",
+                f"blocks.{i}.ff_norm"} <= set(seen)

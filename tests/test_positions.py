@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
+from helpers import Float64Watch
 from hypothesis import given
 from hypothesis import strategies as st
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
@@ -133,9 +137,9 @@ def test_rope_scores_depend_only_on_offset(p, r, shift, d_half, seed):
 
 
 def test_rope_rejects_odd_dims_and_wrong_positions():
-    with pytest.raises(ValueError, match="even"):
+    with pytest.raises(ValueError, match=r"Dh.*even.*5"):
         apply_rope(torch.randn(4, 5))
-    with pytest.raises(ValueError, match="positions"):
+    with pytest.raises(ValueError, match=r"positions .*\(3,\).*T=4"):
         apply_rope(torch.randn(4, 6), torch.arange(3))
 
 
@@ -225,12 +229,143 @@ def test_position_interpolation_at_factor_times_the_position_is_plain_rope():
 
 
 def test_scaling_arguments_are_checked():
-    with pytest.raises(ValueError, match="scaling_factor"):
+    with pytest.raises(ValueError, match=r"scaling_factor.*> 0"):
         RotaryEmbedding(8, scaling_factor=0.0)
-    with pytest.raises(ValueError, match="d_head must be at least 4"):
+    with pytest.raises(ValueError, match=r"d_head.*4.*got 2"):
         ntk_scaled_base(2, 2.0)
-    with pytest.raises(ValueError, match="scaling_factor"):
+    with pytest.raises(ValueError, match=r"scaling_factor.*> 0.*-1"):
         ntk_scaled_base(8, -1.0)
-    with pytest.raises(TypeError, match="d_head"):
+    with pytest.raises(TypeError, match=r"d_head.*integer"):
         ntk_scaled_base(8.0, 2.0)
     assert "scaling_factor=2.0" in repr(RotaryEmbedding(8, scaling_factor=2.0))
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("rope", [apply_rope, RotaryEmbedding(4)], ids=["apply_rope", "module"])
+def test_rope_refuses_integer_vectors_instead_of_truncating(rope):
+    x = torch.full((3, 4), 3, dtype=torch.long)  # rotated, these would come back truncated
+    with pytest.raises(ValueError, match=r"x .*floating-point.*int64.*x\.float\(\)"):
+        rope(x)
+
+
+@pytest.mark.parametrize("rope", [apply_rope, RotaryEmbedding(4)], ids=["apply_rope", "module"])
+def test_rope_refuses_boolean_positions(rope):
+    with pytest.raises(ValueError, match=r"positions .*integer.*bool"):
+        rope(torch.randn(3, 4), torch.ones(3, dtype=torch.bool))
+
+
+def test_learned_positions_want_a_length_not_a_tensor():
+    table = LearnedPositionalEmbedding(8, 4)
+    with pytest.raises(TypeError, match=r"seq_len .*integer >= 0.*3\.0.*write 3"):
+        table(3.0)
+    with pytest.raises(TypeError, match=r"seq_len .* a tensor of shape \(2, 3\).*x\.shape\[1\]"):
+        table(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"offset .*integer >= 0.*-1"):
+        table(3, offset=-1)
+
+
+def test_sinusoidal_encoding_refuses_an_integer_dtype():
+    with pytest.raises(ValueError, match=r"dtype .*floating-point.*torch.int64"):
+        sinusoidal_encoding(4, 8, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"dtype .*torch.dtype.*'float32'"):
+        sinusoidal_encoding(4, 8, dtype="float32")
+
+
+CONFIG_ERRORS = [
+    (lambda: LearnedPositionalEmbedding(64.0, 8), TypeError, r"max_len .*64\.0 \(float\)"),
+    (lambda: LearnedPositionalEmbedding("64", 8), TypeError, "max_len .* without quotes"),
+    (lambda: LearnedPositionalEmbedding(64, -8), ValueError, r"d_model .*>= 1.*-8"),
+    (lambda: SinusoidalPositionalEncoding(0), ValueError, r"d_model .*>= 1.*0"),
+    (lambda: SinusoidalPositionalEncoding(8.0), TypeError, r"d_model .*>= 1.*8\.0"),
+    (lambda: SinusoidalPositionalEncoding(8, base=0), ValueError, r"base .*> 0.*got 0"),
+    (lambda: SinusoidalPositionalEncoding(8, base="1e4"), TypeError, r"base .*> 0.*'1e4'"),
+    (lambda: sinusoidal_encoding(4, 8, base=-1.0), ValueError, r"base .*> 0.*-1\.0"),
+    (lambda: sinusoidal_encoding(4.0, 8), TypeError, r"n_positions .*>= 1.*4\.0"),
+    (lambda: sinusoidal_encoding(4, 5), ValueError, r"d_model .*even.*5"),
+    (lambda: RotaryEmbedding(0), ValueError, r"d_head .*>= 1.*0"),
+    (lambda: RotaryEmbedding(8, base=0), ValueError, r"base .*> 0.*got 0"),
+    (lambda: RotaryEmbedding(8, base=math.inf), ValueError, r"base .*> 0.*inf"),
+    (lambda: apply_rope(torch.randn(3, 8), base=-10), ValueError, r"base .*> 0.*-10"),
+    (lambda: rope_frequencies(8, base=True), TypeError, r"base .*> 0.*True"),
+    (lambda: alibi_slopes(0), ValueError, r"n_heads .*>= 1.*0"),
+    (lambda: alibi_slopes(2.0), TypeError, r"n_heads .*2\.0 \(float\); write 2"),
+    (lambda: alibi_slopes(True), TypeError, r"n_heads .*True \(bool\)"),
+    (lambda: alibi_bias(4, n_heads=0), ValueError, r"n_heads .*>= 1.*0"),
+    (lambda: alibi_bias(4.0, n_heads=2), TypeError, r"n_queries .*>= 1.*4\.0"),
+    (lambda: alibi_bias(4), ValueError, r"n_heads= or slopes="),
+]
+
+
+@pytest.mark.parametrize("call, error, match", CONFIG_ERRORS,
+                         ids=[f"{m.split()[0]}-{i}" for i, (_, _, m) in enumerate(CONFIG_ERRORS)])
+def test_bad_config_values_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# -------------------------------------------------------------- float64 and float32 accuracy
+
+
+def _rope_reference(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """RoPE with complex numbers in float64: pair (a, b) at position p times e^(i p theta)."""
+    seq_len, d_head = x.shape[-2], x.shape[-1]
+    theta = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+    angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * theta  # (T, Dh/2)
+    pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2).contiguous())
+    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+
+
+def test_float64_rope_is_computed_in_float64():
+    torch.manual_seed(0)
+    x = torch.randn(2, 300, 8, dtype=torch.float64)
+    expected = _rope_reference(x)
+    rope = RotaryEmbedding(8)
+    rope(x.float())  # a float32 table in the cache must not serve float64 input
+    for out in (apply_rope(x), rope(x), rope(x, torch.arange(300))):
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    assert rope(x.float()).dtype == torch.float32  # and float32 input still gets float32
+
+
+def test_sinusoids_keep_float64_accuracy_in_float32():
+    # the table is computed in float64 (on the CPU) and rounded once; computing the angles
+    # p / 10000^(2i/D) in float32 instead would be off by about 5e-4 at p = 10000
+    p = np.arange(10000)[:, None]
+    angles = p / 10000.0 ** (np.arange(0, 64, 2) / 64)
+    expected = np.empty((10000, 64))
+    expected[:, 0::2], expected[:, 1::2] = np.sin(angles), np.cos(angles)
+    ours = sinusoidal_encoding(10000, 64).double().numpy()
+    assert np.abs(ours - expected).max() < 1e-7
+    module = SinusoidalPositionalEncoding(64)(10000).double().numpy()
+    assert np.abs(module - expected).max() < 1e-7
+
+
+def test_float32_rope_is_accurate_enough():
+    # angles p * theta_i in float32 lose about p * 6e-8 radians: still < 1e-4 relative at 2048
+    torch.manual_seed(0)
+    x = torch.randn(2048, 64, dtype=torch.float64)
+    error = (apply_rope(x.float()).double() - _rope_reference(x)).abs().max()
+    assert error < 1e-4 * x.abs().max()
+
+
+
+def test_the_watch_sees_float64_off_the_cpu():
+    with Float64Watch() as watch:
+        torch.arange(3, device="meta", dtype=torch.float64)
+        torch.arange(3, dtype=torch.float64)  # on the CPU: fine
+    assert watch.calls == ["arange"]
+
+
+def test_positions_never_compute_in_float64_on_the_device():
+    # "meta" stands in for MPS: it runs no kernels but keeps track of dtypes and devices
+    with Float64Watch() as watch:
+        assert sinusoidal_encoding(16, 8, device="meta").device.type == "meta"
+        assert SinusoidalPositionalEncoding(8).to("meta")(5).shape == (5, 8)
+        x = torch.randn(2, 5, 8, device="meta")
+        assert apply_rope(x).dtype == torch.float32
+        assert RotaryEmbedding(8)(x).dtype == torch.float32
+        assert apply_rope(x, torch.arange(5, device="meta")).device.type == "meta"
+        assert alibi_bias(4, n_heads=2, device="meta").dtype == torch.float32
+    assert watch.calls == []

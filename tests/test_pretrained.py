@@ -1,7 +1,8 @@
-"""The pretrained BERT loader against references written elsewhere: Hugging Face's BertModel
-(hidden states and attention maps), its tokenizer, and sentence-transformers (sentence
-embeddings), all loaded offline from the same local folder. Plus a second, randomly initialised
-BERT of other sizes saved by transformers itself, and the loader's error messages."""
+"""course_lib.pretrained: our encoder with BERT's weights against Hugging Face's BertModel built
+from the same weights (hidden states and attention maps), loaded offline from the same local
+folder, also for a second, randomly initialised BERT of other sizes saved by transformers
+itself; mean_pool (against sentence-transformers' pooling), config_from_bert, the weight map
+and load_bert_weights with their error messages."""
 
 from __future__ import annotations
 
@@ -14,25 +15,27 @@ import shutil
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import sentence_transformers  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from course_lib.models import Encoder  # noqa: E402
-from course_lib.pretrained import (  # noqa: E402
+from course_lib.configs import DecoderConfig  # noqa: E402
+from course_lib.course.bert_app import (  # noqa: E402
     REQUIRED_FILES,
     PretrainedEncoder,
+    default_model_dir,
+    load_pretrained_encoder,
+)
+from course_lib.models import DecoderLM, Encoder  # noqa: E402
+from course_lib.pretrained import (  # noqa: E402
     bert_weight_map,
     config_from_bert,
-    default_model_dir,
     load_bert_weights,
-    load_pretrained_encoder,
     mean_pool,
-    semantic_search,
 )
 
 ATOL = 1e-4
@@ -97,17 +100,6 @@ def _compare_with_hf(ours, ref, keep: torch.Tensor) -> None:
 # The bundled all-MiniLM-L6-v2
 
 
-def test_default_folder_is_the_bundled_minilm(folder, bert):
-    assert all((folder / name).is_file() for name in REQUIRED_FILES)
-    config = bert.config
-    assert (config.n_layers, config.n_heads, config.d_model, config.d_ff) == (6, 12, 384, 1536)
-    assert (config.norm_first, config.activation, config.layer_norm_eps) == (False, "gelu", 1e-12)
-    assert (config.max_len, config.type_vocab_size, config.embed_norm) == (512, 2, True)
-    assert not bert.training
-    # the pooler and the position_ids buffer are the only tensors left out
-    assert bert.skipped == ["embeddings.position_ids", "pooler.dense.bias", "pooler.dense.weight"]
-
-
 def test_matches_hf_bert_on_a_padded_batch(bert, hf_bert):
     out = bert.encode(SENTENCES)
     keep = out.batch.attention_mask
@@ -127,66 +119,39 @@ def test_matches_hf_bert_one_at_a_time_and_on_pairs(bert, hf_bert):
     _compare_with_hf(out, _hf_outputs(hf_bert, out.batch), out.batch.attention_mask)
 
 
-def test_tokenization_matches_hf_tokenizer(bert, folder):
-    ref = transformers.AutoTokenizer.from_pretrained(str(folder))
-    pairs = ["It was tired.", "", "Hello there", "No."]
-    ours = bert.tokenize(SENTENCES + [LONG], text_pair=None)
-    theirs = ref(SENTENCES + [LONG], padding=True, truncation=True, max_length=256,
-                 return_tensors="pt")
-    assert torch.equal(ours.ids, theirs["input_ids"])
-    assert torch.equal(ours.attention_mask, theirs["attention_mask"].bool())
-    assert torch.equal(ours.token_type_ids, theirs["token_type_ids"])
-    assert ours.lengths[-1] == 256 and ours.tokens[-1][-1] == "[SEP]"
-    assert ours.tokens[0] == ref.convert_ids_to_tokens(theirs["input_ids"][0][: ours.lengths[0]])
-
-    ours = bert.tokenize(SENTENCES, text_pair=pairs)
-    theirs = ref(SENTENCES, pairs, padding=True, return_tensors="pt")
-    assert torch.equal(ours.ids, theirs["input_ids"])
-    assert torch.equal(ours.attention_mask, theirs["attention_mask"].bool())
-    assert torch.equal(ours.token_type_ids, theirs["token_type_ids"])
-
-
-def test_bundled_pipeline_is_mean_pooling_then_normalize(folder):
-    modules = json.loads((folder / "modules.json").read_text())
-    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
-    assert kinds == ["Transformer", "Pooling", "Normalize"]
-    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
-    modes = [key for key, on in pooling.items() if key.startswith("pooling_mode") and on]
-    assert modes == ["pooling_mode_mean_tokens"]
-
-
-def test_sentence_embedding_matches_sentence_transformers(bert, folder):
-    reference = sentence_transformers.SentenceTransformer(str(folder), device="cpu")
-    sentences = SENTENCES + [LONG, ""]
-    expected = reference.encode(sentences, convert_to_tensor=True, batch_size=8)
-    ours = bert.sentence_embedding(sentences, batch_size=3)  # several batches, other padding
-    assert ours.shape == (len(sentences), 384)
-    torch.testing.assert_close(ours, expected, atol=ATOL, rtol=0)
-    torch.testing.assert_close(ours.norm(dim=-1), torch.ones(len(sentences)))
-    # meaning, not just numbers: the paraphrase is the closest sentence
-    query = bert.sentence_embedding("A cat was sitting on a rug.")
-    assert (query @ ours[:4].T).argmax().item() == 0
-
-
-def test_attention_map_for_heatmaps(bert):
-    out = bert.encode(SENTENCES[:3])
-    weights, tokens = out.attention_map(layer=-1, head=5, index=2)
-    n = out.batch.lengths[2]
-    assert tokens == out.tokens[2] == ["[CLS]", "hi", "!", "[SEP]"]
-    assert weights.shape == (n, n)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(n))
-    with pytest.raises(ValueError, match=r"head=12 is out of range: there are 12"):
-        out.attention_map(layer=0, head=12)
-    with pytest.raises(ValueError, match="output_attentions=True"):
-        bert.encode("Hi", output_attentions=False).attention_map(0, 0)
-
-
 def test_mean_pool_ignores_padding():
     hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])  # (1, 3, 2)
     keep = torch.tensor([[True, True, False]])
     torch.testing.assert_close(mean_pool(hidden, keep), torch.tensor([[2.0, 3.0]]))
-    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 2\).*\(1, 3\)"):
+    with pytest.raises(ValueError, match=r"^attention_mask has shape \(1, 2\).*\(1, 3\)"):
         mean_pool(hidden, keep[:, :2])
+
+
+def test_mean_pool_takes_a_0_1_integer_mask_like_the_models():
+    hidden = torch.randn(2, 4, 3)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    torch.testing.assert_close(mean_pool(hidden, mask), mean_pool(hidden, mask.bool()))
+
+
+HIDDEN = torch.randn(2, 3, 4)
+
+
+@pytest.mark.parametrize(("hidden", "mask", "error", "match"), [
+    (HIDDEN, torch.ones(2, 4, dtype=torch.bool), ValueError,
+     r"^attention_mask has shape \(2, 4\).*\(B, T\) = \(2, 3\)"),
+    (HIDDEN, torch.ones(2, 3, 1, dtype=torch.bool), ValueError,
+     r"^attention_mask has shape \(2, 3, 1\).*\(2, 3\)"),
+    (HIDDEN, torch.ones(2, 3), ValueError,  # a 0/1 integer mask is accepted, a float one is not
+     r"^attention_mask .*bool.*float32.*\.bool\(\)"),
+    (HIDDEN, [[1, 1, 1], [1, 1, 0]], TypeError, r"^attention_mask .*torch\.Tensor.*list"),
+    (HIDDEN.long(), torch.ones(2, 3, dtype=torch.bool), ValueError,
+     r"^hidden .*floating-point.*int64"),
+    (HIDDEN[0], torch.ones(3, dtype=torch.bool), ValueError,
+     r"^hidden should have shape \(B, T, D\).*\(3, 4\)"),
+], ids=["mask-too-long", "mask-3-D", "float-mask", "list-mask", "integer-hidden", "2-D-hidden"])
+def test_mean_pool_rejects_bad_input(hidden, mask, error, match):
+    with pytest.raises(error, match=match):
+        mean_pool(hidden, mask)
 
 
 def test_matches_hf_bert_on_a_heavily_padded_truncated_batch(bert, hf_bert):
@@ -198,28 +163,10 @@ def test_matches_hf_bert_on_a_heavily_padded_truncated_batch(bert, hf_bert):
     _compare_with_hf(out, _hf_outputs(hf_bert, out.batch), keep)
 
 
-def test_padding_does_not_change_any_real_output(bert):
-    """A padded batch gives what each sentence gives alone: hidden states at real tokens,
-    attention maps of real tokens, and sentence embeddings."""
-    batch_out = bert.encode(SENTENCES)
-    for i, sentence in enumerate(SENTENCES):
-        alone = bert.encode(sentence)
-        n = alone.batch.lengths[0]
-        assert batch_out.batch.lengths[i] == n and batch_out.tokens[i] == alone.tokens[0]
-        for h_batch, h_alone in zip(batch_out.hidden_states, alone.hidden_states, strict=True):
-            torch.testing.assert_close(h_batch[i, :n], h_alone[0], atol=1e-5, rtol=1e-5)
-        for w_batch, w_alone in zip(batch_out.attentions, alone.attentions, strict=True):
-            torch.testing.assert_close(w_batch[i, :, :n, :n], w_alone[0], atol=1e-5, rtol=1e-5)
-    together = bert.sentence_embedding(SENTENCES)
-    one_by_one = torch.cat([bert.sentence_embedding(s) for s in SENTENCES])
-    torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=1e-5)
-    # the same sentences in another order and batch size: the same vectors, reordered
-    shuffled = bert.sentence_embedding(SENTENCES[::-1] + ["filler"], batch_size=2)
-    torch.testing.assert_close(shuffled[:-1].flip(0), together, atol=1e-5, rtol=1e-5)
-
-
 def test_mean_pool_matches_sentence_transformers_pooling(bert):
-    pooling = sentence_transformers.models.Pooling(384, pooling_mode="mean")
+    from sentence_transformers.models import Pooling  # not loaded by the package itself
+
+    pooling = Pooling(384, pooling_mode="mean")
     out = bert.encode(SENTENCES, output_attentions=False)
     keep = out.batch.attention_mask
     expected = pooling({"token_embeddings": out.last_hidden_state,
@@ -245,33 +192,6 @@ def test_mean_pool_never_sees_the_padding(lengths, extra, d, seed):
         torch.testing.assert_close(pooled[row], expected)
 
 
-def test_semantic_search_matches_sentence_transformers(bert):
-    corpus = bert.sentence_embedding(SENTENCES + ["A kitten rested on a rug.", "Good morning."])
-    queries = bert.sentence_embedding(["a cat on a mat", "hello", "how attention works"])
-    scores, indices = semantic_search(queries, corpus * 3.0, top_k=3)  # any length: cosine
-    hits = sentence_transformers.util.semantic_search(queries, corpus, top_k=3)
-    assert indices.tolist() == [[h["corpus_id"] for h in hit] for hit in hits]
-    torch.testing.assert_close(scores, torch.tensor([[h["score"] for h in hit] for hit in hits]))
-    assert indices[0, 0] == 0 and indices[1, 0] in (2, 5)
-    scores, indices = semantic_search(queries[0], corpus, top_k=100)  # one query, k > N
-    assert scores.shape == indices.shape == (1, len(corpus))
-    assert torch.all(scores[0, :-1] >= scores[0, 1:])
-
-
-def test_semantic_search_rejects_bad_input():
-    corpus = torch.randn(5, 8)
-    with pytest.raises(ValueError, match=r"queries has 4 features .* but corpus has 8"):
-        semantic_search(torch.randn(2, 4), corpus)
-    with pytest.raises(ValueError, match=r"corpus should have shape \(N, D\)"):
-        semantic_search(torch.randn(2, 8), torch.randn(8))
-    with pytest.raises(ValueError, match="top_k must be a positive integer, got 0"):
-        semantic_search(torch.randn(2, 8), corpus, top_k=0)
-    with pytest.raises(ValueError, match="queries must be a floating-point tensor"):
-        semantic_search(torch.ones(2, 8, dtype=torch.long), corpus)
-    with pytest.raises(ValueError, match="queries has dtype torch.float64 but corpus"):
-        semantic_search(torch.randn(2, 8, dtype=torch.float64), corpus)
-
-
 def test_full_size_models_match_hugging_face_counts():
     """GPT-2 small, BERT-base and BERT-large from their published configurations, ours and
     Hugging Face's, both on the meta device (no memory): the same number of parameters, up to
@@ -295,15 +215,6 @@ def test_full_size_models_match_hugging_face_counts():
         ours = DecoderLM(DecoderConfig(vocab_size=50257, d_model=768, n_heads=12, n_layers=12,
                                        max_len=1024, activation="gelu_tanh"))
         assert theirs.num_parameters() == count_parameters(ours) == 124_439_808
-
-
-def test_tokenize_rejects_bad_input(bert):
-    with pytest.raises(TypeError, match="sentences must be a string or a list of strings"):
-        bert.tokenize(123)
-    with pytest.raises(ValueError, match="sentences is empty"):
-        bert.tokenize([])
-    with pytest.raises(ValueError, match="text_pair has 1 sentences but sentences has 2"):
-        bert.tokenize(["a", "b"], text_pair=["c"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,60 +265,8 @@ def _copy_folder(src, dst, skip=()):
     return dst
 
 
-def _edit_config(path, **changes):
-    config = json.loads((path / "config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            del config[key]
-        else:
-            config[key] = value
-    (path / "config.json").write_text(json.dumps(config))
-
-
 # --------------------------------------------------------------------------------------------
 # Errors
-
-
-def test_missing_folder_or_file(tmp_path, tiny):
-    missing = tmp_path / "no_such_model"
-    with pytest.raises(FileNotFoundError, match=rf"model folder {re.escape(str(missing))} does not exist"):
-        load_pretrained_encoder(missing)
-    a_file = tmp_path / "notes.txt"
-    a_file.write_text("hi")
-    with pytest.raises(FileNotFoundError, match=rf"path {re.escape(str(a_file))} is a file"):
-        load_pretrained_encoder(a_file)
-    partial = _copy_folder(tiny[0], tmp_path / "partial", skip=("tokenizer.json",))
-    with pytest.raises(FileNotFoundError, match=rf"{re.escape(str(partial))} is missing tokenizer.json"):
-        load_pretrained_encoder(partial)
-    no_weights = _copy_folder(tiny[0], tmp_path / "bin_only", skip=("model.safetensors",))
-    (no_weights / "pytorch_model.bin").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match=r"missing model.safetensors.*safetensors only"):
-        load_pretrained_encoder(no_weights)
-
-
-def test_corrupt_or_incomplete_config(tmp_path, tiny):
-    path = _copy_folder(tiny[0], tmp_path / "model")
-    text = (path / "config.json").read_text()
-    (path / "config.json").write_text(text[: len(text) // 2])  # cut off mid-file
-    with pytest.raises(ValueError, match=rf"{re.escape(str(path / 'config.json'))} is not valid JSON"):
-        load_pretrained_encoder(path)
-    (path / "config.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match=r"config.json should hold a JSON object"):
-        load_pretrained_encoder(path)
-
-    cases = [
-        (dict(num_attention_heads=None), r"config.json has no key 'num_attention_heads'"),
-        (dict(model_type="gpt2"), r"'model_type' is 'gpt2'.*BERT checkpoints only"),
-        (dict(hidden_act="swish"), r"'hidden_act' is 'swish', expected one of"),
-        (dict(hidden_size="48"), r"'hidden_size' must be a positive integer, got '48' \(str\)"),
-        (dict(position_embedding_type="relative_key"), r"'position_embedding_type'"),
-        (dict(num_attention_heads=5), r"cannot build: d_model=48 is not divisible by n_heads=5"),
-    ]
-    for changes, message in cases:
-        (path / "config.json").write_text(text)
-        _edit_config(path, **changes)
-        with pytest.raises(ValueError, match=message):
-            load_pretrained_encoder(path)
 
 
 def test_checkpoint_with_missing_wrong_or_extra_tensors(tmp_path, tiny):
@@ -440,15 +299,6 @@ def test_checkpoint_with_missing_wrong_or_extra_tensors(tmp_path, tiny):
         load_pretrained_encoder(path)
 
 
-def test_corrupt_tokenizer_and_bad_max_length(tmp_path, tiny):
-    path = _copy_folder(tiny[0], tmp_path / "model")
-    with pytest.raises(ValueError, match=r"max_length=41 is longer than the model's 40"):
-        load_pretrained_encoder(path, max_length=41)
-    (path / "tokenizer.json").write_text('{"version": "1.0", "model": 3}')
-    with pytest.raises(ValueError, match=rf"cannot read {re.escape(str(path / 'tokenizer.json'))} as a tokenizer"):
-        load_pretrained_encoder(path)
-
-
 def test_every_parameter_has_a_source(tiny):
     config = config_from_bert(json.loads((tiny[0] / "config.json").read_text()))
     model = Encoder(config)
@@ -467,3 +317,101 @@ def test_every_parameter_has_a_source(tiny):
     with pytest.raises(ValueError, match=r"'embeddings.LayerNorm.bias' \(for embeddings.norm.bias\)"):
         load_bert_weights(model, tensors)
     assert torch.equal(model.embeddings.token.weight, before)
+
+
+# --------------------------------------------------------------------------------------------
+# config.json's fields, the weight map and checkpoints given as dicts
+
+
+@pytest.mark.parametrize(("changes", "error", "match"), [
+    (dict(hidden_size="384"), TypeError, r"config\.json: 'hidden_size' .*>= 1.*'384'"),
+    (dict(hidden_size=384.0), TypeError, r"config\.json: 'hidden_size' .*>= 1.*384\.0"),
+    (dict(num_hidden_layers=0), ValueError, r"config\.json: 'num_hidden_layers' .*>= 1.*0"),
+    (dict(type_vocab_size=-1), ValueError, r"config\.json: 'type_vocab_size' .*>= 0.*-1"),
+    (dict(layer_norm_eps="1e-12"), TypeError, r"config\.json: 'layer_norm_eps' .*> 0.*'1e-12'"),
+    (dict(layer_norm_eps=True), TypeError, r"config\.json: 'layer_norm_eps' .*> 0.*True"),
+    # hidden_dropout_prob becomes EncoderConfig's dropout, whose check names it so
+    (dict(hidden_dropout_prob="0.1"), TypeError, r"config\.json.*dropout .*\[0, 1\).*'0\.1'"),
+    (dict(hidden_dropout_prob=1.5), ValueError, r"config\.json.*dropout .*\[0, 1\).*1\.5"),
+    # a value outside the supported choices is a ValueError whatever its type (require_choice)
+    (dict(hidden_act=3), ValueError, r"config\.json: 'hidden_act' is 3, .*'gelu'"),
+    (dict(model_type=None), ValueError, r"config\.json: 'model_type' is None, .*'bert'"),
+    (dict(is_decoder="no"), ValueError, r"config\.json: 'is_decoder' is 'no', .*False"),
+    (dict(position_embedding_type=3), ValueError,
+     r"config\.json: 'position_embedding_type' is 3, .*'absolute'"),
+], ids=lambda v: None)
+def test_config_json_with_wrong_typed_fields(changes, error, match, folder):
+    config = {**json.loads((folder / "config.json").read_text()), **changes}
+    with pytest.raises(error, match=match):
+        config_from_bert(config)
+
+
+def test_config_from_bert_and_the_weight_map_check_their_arguments():
+    with pytest.raises(TypeError, match=r"^config .*dict.*config\.json.*list"):
+        config_from_bert([("model_type", "bert")])
+    with pytest.raises(TypeError, match=r"^token_types .*True or False.*'yes'"):
+        bert_weight_map(2, token_types="yes")
+
+
+TINY_CONFIG = dict(
+    model_type="bert", vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+    intermediate_size=12, max_position_embeddings=16, type_vocab_size=2, layer_norm_eps=1e-12,
+    hidden_act="gelu",
+)
+
+
+def _tiny_checkpoint() -> tuple[Encoder, dict[str, torch.Tensor]]:
+    """An Encoder and a checkpoint in BERT's names (split from a second Encoder's weights)."""
+    config = config_from_bert(TINY_CONFIG)
+    torch.manual_seed(0)
+    params = dict(Encoder(config).named_parameters())
+    tensors = {}
+    for ours, theirs in bert_weight_map(config.n_layers).items():
+        for name, part in zip(theirs, params[ours].detach().chunk(len(theirs)), strict=True):
+            tensors[name] = part.clone()
+    return Encoder(config), tensors
+
+
+def test_the_tiny_checkpoint_loads():
+    model, tensors = _tiny_checkpoint()
+    assert load_bert_weights(model, tensors) == []
+    torch.testing.assert_close(model.embeddings.token.weight,
+                               tensors["embeddings.word_embeddings.weight"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("name", "shape", "match"), [
+    ("encoder.layer.0.output.dense.weight", (8, 11),
+     r"'encoder\.layer\.0\.output\.dense\.weight' has shape \(8, 11\), but "
+     r"blocks\.0\.ff\.fc2\.weight has shape \(8, 12\)"),
+    ("encoder.layer.0.attention.self.key.weight", (4, 8),
+     r"'encoder\.layer\.0\.attention\.self\.key\.weight' has shape \(4, 8\), but "
+     r"blocks\.0\.self_attn\.qkv_proj\.weight has shape \(24, 8\) \(3 stacked parts of \(8, 8\)\)"),
+    ("embeddings.LayerNorm.bias", (9,),
+     r"'embeddings\.LayerNorm\.bias' has shape \(9,\), but embeddings\.norm\.bias has shape "
+     r"\(8,\)"),
+], ids=["fc2", "stacked-key", "norm-bias"])
+def test_checkpoint_with_wrong_shapes(name, shape, match):
+    model, tensors = _tiny_checkpoint()
+    before = model.embeddings.token.weight.clone()
+    tensors[name] = torch.zeros(shape)
+    with pytest.raises(ValueError, match=rf"^cannot load the checkpoint .*{match}"):
+        load_bert_weights(model, tensors)
+    assert torch.equal(model.embeddings.token.weight, before)  # nothing written
+
+
+def test_checkpoint_of_the_wrong_kind():
+    model, tensors = _tiny_checkpoint()
+    torch.manual_seed(0)
+    gpt = DecoderLM(DecoderConfig(vocab_size=5, d_model=8, n_heads=2, n_layers=1, max_len=6))
+    with pytest.raises(TypeError, match=r"^model .*Encoder.*DecoderLM"):
+        load_bert_weights(gpt, tensors)
+    with pytest.raises(TypeError, match=r"^tensors .*dict of name -> tensor.*\[tensor"):
+        load_bert_weights(model, list(tensors.values()))
+    tensors["embeddings.word_embeddings.weight"] = np.zeros((50, 8), dtype=np.float32)
+    with pytest.raises(TypeError, match=r"^tensors .*dict of name -> tensor"):
+        load_bert_weights(model, tensors)
+    tensors["embeddings.word_embeddings.weight"] = torch.zeros(50, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"'embeddings\.word_embeddings\.weight' has dtype "
+                                         r"torch\.int64, but embeddings\.token\.weight .*"
+                                         r"floating-point"):
+        load_bert_weights(model, tensors)

@@ -11,7 +11,8 @@ import pytest
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
 DATA_MODULES = {"corpus", "tokenizer", "tasks", "metrics"}
 MODEL_MODULES = {"attention", "blocks", "cache", "configs", "generation", "layers", "models",
-                 "positions", "rnn", "pretrained", "train", "probes"}
+                 "positions", "rnn", "pretrained", "train"}
+MOVED_TO_COURSE = {"divergence", "probes", "viz"}  # instruments, not lessons
 MAX_CODE_LINES = 60
 
 
@@ -46,6 +47,18 @@ def test_the_model_library_never_imports_the_course_tooling():
     offenders = {_module_name(p): sorted(i for i in _imports(p) if i.startswith("course_lib.course"))
                  for p in _library_files()}
     assert {m: i for m, i in offenders.items() if i} == {}
+
+
+def test_the_instruments_live_in_the_course_package_without_shims():
+    """divergence, probes and viz are course tooling: no module of that name (or a shim that
+    re-exports it) is left in the model library, and every course module that uses them
+    imports them from course_lib.course."""
+    assert {p.stem for p in _library_files()} & MOVED_TO_COURSE == set()
+    old = {f"course_lib.{name}" for name in MOVED_TO_COURSE}
+    users = {_module_name(p): sorted(_imports(p) & old) for p in sorted(LIB.rglob("*.py"))}
+    assert {m: i for m, i in users.items() if i} == {}
+    for name in MOVED_TO_COURSE | {"bert_app"}:
+        assert f"course_lib.course.{name}" in {_module_name(p) for p in LIB.rglob("*.py")}
 
 
 def test_the_data_modules_never_import_the_models():
@@ -113,3 +126,7 @@ def test_the_structure_checks_can_fail(tmp_path):
     tree = ast.parse(fake.read_text())
     function = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     assert _code_lines(function, fake.read_text().splitlines()) == 62
+    fake.write_text("from course_lib.course import probes\n")
+    assert "course_lib.course.probes" in _imports(fake, "course_lib.fake")
+    fake.write_text("from ..viz import plot_attention\n")
+    assert "course_lib.viz" in _imports(fake, "course_lib.course.fake")

@@ -4,9 +4,13 @@ and it explains bad input."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import on_devices
@@ -16,10 +20,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 import course_lib.train as train_module
 from course_lib.configs import DecoderConfig, EncoderDecoderConfig, LMOutput
 from course_lib.models import DecoderLM, EncoderDecoder, count_parameters
-from course_lib.tasks import copy_task, date_task, recall_task
+from course_lib.tasks import copy_task, recall_task, word_order_task
 from course_lib.train import (
     TrainConfig,
-    _planned_updates,
     estimate_loss,
     lm_batches,
     lr_schedule,
@@ -28,6 +31,18 @@ from course_lib.train import (
     train,
 )
 
+
+def _load_timed_train():
+    """benchmarks/timed_train.py (training under a time budget), loaded from its file."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "timed_train.py"
+    spec = importlib.util.spec_from_file_location("timed_train", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+timed_train = _load_timed_train()
+planned_updates, train_for = timed_train.planned_updates, timed_train.train_for
 
 def _tiny_decoder(vocab_size: int, max_len: int = 32, seed: int = 0, **kw) -> DecoderLM:
     torch.manual_seed(seed)
@@ -109,7 +124,6 @@ def test_history_layout():
     assert history.lrs[-1] == config.min_lr
     assert 0 < history.train_time_s < history.elapsed_s
     assert history.ms_per_iter == pytest.approx(1000 * history.train_time_s / 45)
-    assert history.stopped_by == "max_iters"
 
 
 def test_callback_sees_every_evaluation():
@@ -134,12 +148,6 @@ def test_callback_does_not_change_training():
         runs.append(train(model, batches, config, val_batches=val, progress=False,
                           callback=callback).train_losses)
     assert runs[0] == runs[1]
-
-
-def test_bad_callback():
-    model, batches, _, config = _copy_setup(max_iters=2)
-    with pytest.raises(TypeError, match="callback must be a function"):
-        train(model, batches, config, progress=False, callback="plot")
 
 
 def test_same_seed_same_history():
@@ -168,8 +176,8 @@ def test_seed_controls_dropout():
     assert run(1) != run(2)
 
 
-def test_encoder_decoder_trains_on_dates():
-    task = date_task(512, seed=0)
+def test_encoder_decoder_trains_on_a_translation_task():
+    task = word_order_task(512, seed=0)
     vocab = task.vocab
     torch.manual_seed(0)
     model = EncoderDecoder(EncoderDecoderConfig.shared(
@@ -208,9 +216,9 @@ def test_random_batches_keeps_rows_together():
     batch = random_batches({"x": a, "y": a * 10}, 20, generator=torch.Generator().manual_seed(0))()
     assert sorted(batch["x"].tolist()) == list(range(20))  # distinct examples
     assert torch.equal(batch["y"], batch["x"] * 10)
-    with pytest.raises(ValueError, match="same number of examples N"):
+    with pytest.raises(ValueError, match=r"^tensors .*batch_size.*\(5,\)"):
         random_batches({"x": a, "y": a[:5]}, 4)
-    with pytest.raises(ValueError, match="batch_size=30 is larger than the 20 examples"):
+    with pytest.raises(ValueError, match=r"^tensors .*batch_size.*\(20,\)"):
         random_batches({"x": a}, 30)
 
 
@@ -292,15 +300,15 @@ def test_planned_updates_fill_the_time_left():
     config = TrainConfig(max_iters=10_000, eval_interval=50)
     # 9.5 s left after the final evaluation; each update costs 0.01 s plus 1/50 of a 0.5 s
     # evaluation, so 475 more updates fit
-    assert _planned_updates(100, 0.0, 10.0, step_s=0.01, eval_s=0.5, config=config) == 575
-    assert _planned_updates(100, 9.9, 10.0, step_s=0.01, eval_s=0.5, config=config) == 100
-    assert _planned_updates(100, 0.0, 1e9, step_s=0.01, eval_s=0.5, config=config) == 10_000
+    assert planned_updates(100, 0.0, 10.0, step_s=0.01, eval_s=0.5, config=config) == 575
+    assert planned_updates(100, 9.9, 10.0, step_s=0.01, eval_s=0.5, config=config) == 100
+    assert planned_updates(100, 0.0, 1e9, step_s=0.01, eval_s=0.5, config=config) == 10_000
 
 
 def test_time_budget_fits_the_cosine_to_the_clock(monkeypatch):
     # A fake clock that only moves when the model runs: 0.01 s per forward pass.
     now = [0.0]
-    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(timed_train, "time", SimpleNamespace(perf_counter=lambda: now[0]))
 
     class Ticking(_Recorder):
         def forward(self, ids, *, targets):
@@ -312,11 +320,11 @@ def test_time_budget_fits_the_cosine_to_the_clock(monkeypatch):
     def batches():
         return {"ids": ids, "targets": ids}
 
-    config = TrainConfig(max_iters=10_000, warmup_iters=5, eval_interval=20, eval_iters=2,
-                         time_budget=1.0)
-    history = train(Ticking(), batches, config, val_batches=batches, progress=False)
+    config = TrainConfig(max_iters=10_000, warmup_iters=5, eval_interval=20, eval_iters=2)
+    history, stopped_by = train_for(Ticking(), batches, config, time_budget=1.0,
+                                    val_batches=batches, progress=False)
     # 1 s holds about 80 updates (0.8 s) and 5 evaluations of 2 x 2 batches (0.2 s)
-    assert history.stopped_by == "time_budget"
+    assert stopped_by == "time_budget"
     assert 70 <= len(history.steps) <= 80
     assert history.elapsed_s <= 1.0 + 1e-9
     assert history.lrs[-1] == config.min_lr  # the cosine ended with the budget
@@ -327,41 +335,299 @@ def test_time_budget_with_a_real_clock():
     task = recall_task(256, 6, seed=0)
     model = _tiny_decoder(task.vocab_size)
     batches = random_batches({"ids": task.inputs, "targets": task.targets}, 32)
-    config = TrainConfig(max_iters=1_000_000, warmup_iters=5, eval_interval=50, eval_iters=2,
-                         time_budget=1.0)
-    history = train(model, batches, config, progress=False)
-    assert history.stopped_by == "time_budget" and len(history.steps) < 1_000_000
+    config = TrainConfig(max_iters=1_000_000, warmup_iters=5, eval_interval=50, eval_iters=2)
+    history, stopped_by = train_for(model, batches, config, time_budget=1.0, progress=False)
+    assert stopped_by == "time_budget" and len(history.steps) < 1_000_000
     assert 0.5 < history.elapsed_s < 5.0  # a busy machine can overshoot by a step or two
 
 
 # --------------------------------------------------------------------------------------------
-# Bad input
+# Bad input: TrainConfig and the schedule
 
 
-def test_bad_batches():
+@pytest.mark.parametrize(("changes", "error", "match"), [
+    (dict(lr="3e-4"), TypeError, r"^lr .*> 0.*'3e-4'"),
+    (dict(lr=True), TypeError, r"^lr .*> 0.*True"),
+    (dict(lr=0.0), ValueError, r"^lr .*> 0.*0\.0"),
+    (dict(lr=float("inf")), ValueError, r"^lr .*> 0.*inf"),
+    (dict(min_lr="0"), TypeError, r"^min_lr .*>= 0"),
+    (dict(lr=1e-3, min_lr=1e-2), ValueError, r"^min_lr .*lr=0\.001.*0\.01"),
+    (dict(betas=0.9), TypeError, r"^betas .*pair"),
+    (dict(betas="ab"), TypeError, r"^betas"),
+    pytest.param(dict(betas=(0.9,)), ValueError, r"^betas .*two"),
+    (dict(betas=(0.9, 1.0)), ValueError, r"^betas\[1\] .*\[0, 1\).*1\.0"),
+    (dict(betas=(-0.1, 0.9)), ValueError, r"^betas\[0\] .*\[0, 1\).*-0\.1"),
+    (dict(betas=(0.9, "x")), TypeError, r"^betas\[1\] .*\[0, 1\)"),
+    (dict(max_iters=0), ValueError, r"^max_iters .*>= 1.*0"),
+    (dict(max_iters=-1), ValueError, r"^max_iters .*>= 1.*-1"),
+    (dict(max_iters=2.5), TypeError, r"^max_iters .*2\.5"),
+    (dict(max_iters="100"), TypeError, r"^max_iters .*'100'"),
+    (dict(warmup_iters=-1), ValueError, r"^warmup_iters .*>= 0.*-1"),
+    (dict(warmup_iters=1.5), TypeError, r"^warmup_iters .*>= 0.*1\.5"),
+    pytest.param(dict(lr_decay_iters=0), ValueError, r"^lr_decay_iters .*>= 1"),
+    (dict(eval_interval=0), ValueError, r"^eval_interval .*>= 1.*0"),
+    (dict(eval_interval=-5), ValueError, r"^eval_interval .*-5"),
+    (dict(eval_iters=2.0), TypeError, r"^eval_iters .*write 2"),
+    pytest.param(dict(weight_decay="0.1"), TypeError, r"^weight_decay .*>= 0"),
+    pytest.param(dict(weight_decay=None), TypeError, r"^weight_decay .*>= 0"),
+    pytest.param(dict(weight_decay=-0.1), ValueError, r"^weight_decay .*>= 0"),
+    (dict(grad_clip="1"), TypeError, r"^grad_clip .*> 0.*None"),
+    (dict(grad_clip=0.0), ValueError, r"^grad_clip .*> 0.*0\.0.*None"),
+    (dict(grad_clip=float("nan")), ValueError, r"^grad_clip .*> 0.*nan"),
+    (dict(seed=1.5), TypeError, r"^seed .*integer.*1\.5"),
+    (dict(seed="0"), TypeError, r"^seed .*integer.*'0'"),
+], ids=lambda v: None)
+def test_train_config_rejects(changes, error, match):
+    with pytest.raises(error, match=match):
+        TrainConfig(**changes)
+
+
+def test_train_config_accepts_the_valid_forms():
+    config = TrainConfig(lr=1, min_lr=0, betas=[0.9, 0.95], grad_clip=None, seed=None,
+                         warmup_iters=0, weight_decay=0)
+    assert config.betas == (0.9, 0.95) and isinstance(config.betas, tuple)
+    assert TrainConfig(seed=np.int64(3)).seed == 3
+
+
+def test_a_warm_up_longer_than_the_run_is_refused():
+    with pytest.raises(ValueError, match=r"warmup_iters=500 .*max_iters=100"):
+        TrainConfig(max_iters=100, warmup_iters=500)
+    with pytest.raises(ValueError, match=r"warmup_iters=100 .*max_iters=50"):  # its default
+        TrainConfig(max_iters=50)
+
+
+def test_a_decay_that_ends_before_the_warm_up_is_refused():
+    with pytest.raises(ValueError, match=r"warmup_iters=500 .*lr_decay_iters=200"):
+        TrainConfig(max_iters=1000, warmup_iters=500, lr_decay_iters=200)
+    with pytest.raises(ValueError, match=r"warmup_iters=10 .*decay_iters=5"):
+        lr_schedule(0, lr=1e-3, min_lr=1e-4, warmup_iters=10, decay_iters=5)
+    with pytest.raises(ValueError, match=r"min_lr .*lr=0\.001.*0\.01"):
+        lr_schedule(0, lr=1e-3, min_lr=1e-2, warmup_iters=1, decay_iters=5)
+
+
+def test_consistent_edge_cases_of_the_schedule_are_accepted():
+    # evaluating only at the end, a warm-up as long as the run, a decay beyond the run
+    TrainConfig(max_iters=10, warmup_iters=1, eval_interval=250)
+    config = TrainConfig(max_iters=10, warmup_iters=10, lr=1e-3)
+    assert config.lr_at(9) == pytest.approx(1e-3)  # the peak is reached at the last update
+    TrainConfig(max_iters=100, warmup_iters=10, lr_decay_iters=500)
+    TrainConfig(max_iters=100, warmup_iters=10, lr_decay_iters=10)
+
+
+def test_schedule_and_param_groups_reject_bad_arguments():
+    with pytest.raises(TypeError, match=r"^lr .*> 0.*'1e-3'"):
+        lr_schedule(0, lr="1e-3", min_lr=0.0, warmup_iters=1, decay_iters=10)
+    with pytest.raises(ValueError, match=r"^decay_iters .*>= 1.*0"):
+        lr_schedule(0, lr=1e-3, min_lr=0.0, warmup_iters=1, decay_iters=0)
+    with pytest.raises(TypeError, match=r"^model .*nn\.Module.*Parameter"):
+        param_groups([nn.Parameter(torch.zeros(2))], 0.1)
+
+
+def test_param_groups_rejects_a_weight_decay_that_is_not_a_number():
+    with pytest.raises(TypeError, match=r"^weight_decay .*>= 0"):
+        param_groups(_tiny_decoder(5), "0.1")
+
+
+@pytest.mark.parametrize("time_budget, error", [
+    (0, ValueError), (-5.0, ValueError), ("10", TypeError), (None, TypeError),
+])
+def test_train_for_rejects_a_time_budget_that_is_not_a_positive_number(time_budget, error):
+    model, batches, _, config = _copy_setup(max_iters=2)
+    with pytest.raises(error, match=r"^time_budget .*> 0"):
+        train_for(model, batches, config, time_budget=time_budget, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: train() and estimate_loss()
+
+
+class _NoParameters(nn.Module):
+    def forward(self, ids, targets):
+        return SimpleNamespace(loss=ids.float().mean())
+
+
+
+@pytest.mark.parametrize(("model", "error", "match"), [
+    ("gpt", TypeError, r"^model .*nn\.Module.*'gpt'"),
+    (lambda ids, targets: None, TypeError, r"^model .*nn\.Module.*function"),
+    (DecoderConfig(vocab_size=5), TypeError, r"^model .*nn\.Module.*DecoderConfig"),
+    pytest.param(_NoParameters(), ValueError, r"^model .*parameters"),
+    pytest.param(_tiny_decoder(5).requires_grad_(False), ValueError,
+                 r"^model .*trainable parameters"),
+], ids=["str", "function", "config", "no-parameters", "frozen"])
+def test_train_rejects_what_is_not_a_trainable_model(model, error, match):
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    config = TrainConfig(max_iters=2, warmup_iters=1, eval_interval=1, eval_iters=1)
+    with pytest.raises(error, match=match):
+        train(model, lambda: {"ids": ids, "targets": ids}, config, progress=False)
+
+
+def test_bad_config_and_options():
     model = _tiny_decoder(5)
-    x = torch.zeros(2, 4, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"must return a dict of keyword arguments.*returned a tuple of 2 items.*lm_batches"):
-        train(model, lambda: (x, x), progress=False)
-    with pytest.raises(ValueError, match=r"keys \['ids'\] but no 'targets'"):
-        train(model, lambda: {"ids": x}, progress=False)
-    with pytest.raises(ValueError, match=r"keys \['inputs', 'targets'\], which do not match DecoderLM.forward"):
-        train(model, lambda: {"inputs": x, "targets": x}, progress=False)
-    with pytest.raises(ValueError, match=r"val_batches\(\) must return a dict"):
-        train(model, lambda: {"ids": x, "targets": x}, val_batches=lambda: [x, x], progress=False)
-    with pytest.raises(ValueError, match="train_batches must be a function"):
-        train(model, {"ids": x, "targets": x}, progress=False)
+    with pytest.raises(TypeError, match=r"^config .*TrainConfig.*dict"):
+        train(model, lambda: {}, {"max_iters": 3}, progress=False)
+    with pytest.raises(TypeError, match=r"^progress .*True or False.*'no'"):
+        train(model, lambda: {}, TrainConfig(max_iters=2, warmup_iters=1), progress="no")
 
 
-def test_bad_config():
-    with pytest.raises(ValueError, match=r"min_lr must be between 0 and lr=0.001, got 0.01"):
-        TrainConfig(lr=1e-3, min_lr=1e-2)
-    with pytest.raises(ValueError, match="max_iters must be a positive integer, got 0"):
-        TrainConfig(max_iters=0)
-    with pytest.raises(ValueError, match="grad_clip must be > 0 or None"):
-        TrainConfig(grad_clip=0.0)
-    with pytest.raises(TypeError, match="config must be a TrainConfig, got dict"):
-        train(_tiny_decoder(5), lambda: {}, {"max_iters": 3}, progress=False)
+def test_bad_callback():
+    model, batches, _, config = _copy_setup(max_iters=2)
+    with pytest.raises(TypeError, match=r"^callback .*function.*str"):
+        train(model, batches, config, progress=False, callback="plot")
+
+
+def test_estimate_loss_rejects_bad_arguments():
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    batch = {"ids": ids, "targets": ids}
+    with pytest.raises(TypeError, match=r"^model .*nn\.Module.*'model'"):
+        estimate_loss("model", lambda: batch, 2)
+    with pytest.raises(TypeError, match=r"^batches .*function.*dict"):
+        estimate_loss(_tiny_decoder(5), batch, 2)
+    with pytest.raises(ValueError, match=r"^iters .*>= 1.*0"):
+        estimate_loss(_tiny_decoder(5), lambda: batch, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: batches of the wrong form
+
+IDS = torch.zeros(2, 4, dtype=torch.long)
+
+@pytest.mark.parametrize(("batches", "error", "match"), [
+    ({"ids": IDS, "targets": IDS}, TypeError, r"^train_batches .*function.*dict"),
+    (lambda: (IDS, IDS), TypeError, r"^train_batches\(\) .*dict.*'targets'.*\(tensor"),
+    (lambda: {"ids": IDS}, TypeError, r"^train_batches\(\) .*'targets'.*\{'ids'"),
+    (lambda: {"inputs": IDS, "targets": IDS}, TypeError, r"inputs"),
+    pytest.param(lambda: {"ids": IDS.float(), "targets": IDS}, ValueError,
+                 r"ids.*token ids.*float32"),
+    (lambda: {"ids": IDS, "targets": IDS.float()}, ValueError, r"targets.*float32"),
+    pytest.param(lambda: {"ids": IDS.bool(), "targets": IDS}, ValueError,
+                 r"ids.*token ids.*torch\.bool"),
+    pytest.param(lambda: {"ids": IDS.numpy(), "targets": IDS}, TypeError,
+                 r"ids.*torch\.Tensor.*ndarray"),
+    pytest.param(lambda: {"ids": IDS.tolist(), "targets": IDS}, TypeError,
+                 r"ids.*torch\.Tensor.*list"),
+], ids=["dict", "tuple", "no-targets", "wrong-key", "float-ids",
+        "float-targets", "bool-ids", "ndarray", "list"])
+def test_train_rejects_bad_batches(batches, error, match):
+    config = TrainConfig(max_iters=2, warmup_iters=1, eval_interval=1, eval_iters=1)
+    with pytest.raises(error, match=match):
+        train(_tiny_decoder(5), batches, config, progress=False)
+
+
+def test_train_rejects_bad_validation_batches():
+    model = _tiny_decoder(5)
+    with pytest.raises(TypeError, match=r"^val_batches .*function.*list"):
+        train(model, lambda: {"ids": IDS, "targets": IDS}, val_batches=[IDS], progress=False)
+    with pytest.raises(TypeError, match=r"^val_batches\(\) .*dict.*'targets'"):
+        train(model, lambda: {"ids": IDS, "targets": IDS}, val_batches=lambda: [IDS, IDS],
+              progress=False)
+
+
+def test_train_rejects_float_ids_in_validation_batches():
+    config = TrainConfig(max_iters=2, warmup_iters=1, eval_interval=1, eval_iters=1)
+    with pytest.raises(ValueError, match=r"ids.*token ids.*float16"):
+        train(_tiny_decoder(5), lambda: {"ids": IDS, "targets": IDS}, config,
+              val_batches=lambda: {"ids": IDS.half(), "targets": IDS}, progress=False)
+
+
+def test_encoder_decoder_batches_are_checked_too():
+    torch.manual_seed(0)
+    model = EncoderDecoder(EncoderDecoderConfig.shared(
+        7, 7, d_model=8, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, max_src_len=5,
+        max_tgt_len=4))
+    src, tgt = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)
+    config = TrainConfig(max_iters=2, warmup_iters=1, eval_interval=1, eval_iters=1)
+    with pytest.raises(ValueError, match=r"src.*token ids.*float32"):
+        train(model, lambda: {"src": src.float(), "tgt": tgt, "targets": tgt}, config,
+              progress=False)
+
+
+def test_own_models_may_take_float_targets():
+    """A regression (float targets, as notebook 04 trains) is not a mistake."""
+
+    class Regression(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 1)
+
+        def forward(self, x, targets):
+            return SimpleNamespace(loss=nn.functional.mse_loss(self.linear(x).squeeze(-1), targets))
+
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    config = TrainConfig(max_iters=2, warmup_iters=1, eval_interval=1, eval_iters=1)
+    history = train(Regression(), lambda: {"x": x, "targets": x.sum(-1)}, config, progress=False)
+    assert len(history.steps) == 2
+
+
+def test_batches_are_checked_once_not_every_step(monkeypatch):
+    """The checks run before the loop (the first batch of each function), never in it."""
+    calls = []
+    original = train_module.check_first_batches
+    monkeypatch.setattr(train_module, "check_first_batches",
+                        lambda **fns: calls.append(list(fns)) or original(**fns))
+    config = TrainConfig(max_iters=6, warmup_iters=1, eval_interval=3, eval_iters=2)
+    history = train(_tiny_decoder(5), lambda: {"ids": IDS, "targets": IDS}, config,
+                    val_batches=lambda: {"ids": IDS, "targets": IDS}, progress=False)
+    assert len(history.steps) == 6
+    assert calls == [["train_batches", "val_batches"]]
+
+
+class _Returns(nn.Module):
+    def __init__(self, make_output):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1))
+        self.make_output = make_output
+
+    def forward(self, ids, targets):
+        return self.make_output(self.weight * ids.float())
+
+
+@pytest.mark.parametrize(("make_output", "error", "match"), [
+    (lambda x: x, TypeError, r"loss .*0-D tensor.*None"),
+    (lambda x: SimpleNamespace(logits=x, loss=None), TypeError, r"loss .*0-D tensor.*None"),
+    (lambda x: SimpleNamespace(loss=float(x.mean())), TypeError, r"loss .*0-D tensor.*0\.0"),
+    pytest.param(lambda x: SimpleNamespace(loss=x), ValueError, r"loss .*0-D.*\(2, 4\)"),
+], ids=["tensor", "none", "float", "not-averaged"])
+def test_train_rejects_a_model_without_a_scalar_loss(make_output, error, match):
+    config = TrainConfig(max_iters=2, warmup_iters=1, eval_interval=1, eval_iters=1)
+    with pytest.raises(error, match=match):
+        train(_Returns(make_output), lambda: {"ids": IDS, "targets": IDS}, config,
+              progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: the batch functions
+
+
+def test_batch_functions_reject_bad_arguments():
+    stream = torch.arange(50)
+    with pytest.raises(ValueError, match=r"^data .*token ids.*float32"):
+        lm_batches(stream.float(), 4, 8)
+    with pytest.raises(ValueError, match=r"^data .*token ids"):
+        lm_batches(torch.rand(100), 2, 4)  # cast to long, every id would be 0
+    with pytest.raises(ValueError, match=r"^batch_size .*>= 1.*0"):
+        lm_batches(stream, 0, 8)
+    with pytest.raises(TypeError, match=r"^block_size .*4\.0"):
+        lm_batches(stream, 2, 4.0)
+    with pytest.raises(TypeError, match=r"^tensors .*dict.*\(N, \.\.\.\)"):
+        random_batches([stream], 4)
+    with pytest.raises(TypeError, match=r"^tensors .*dict.*\(N, \.\.\.\)"):
+        random_batches({"x": [1, 2, 3]}, 2)
+
+
+@pytest.mark.parametrize("tensors", [{}, {"x": torch.tensor(3)}], ids=["empty", "0-D"])
+def test_random_batches_refuses_nothing_to_draw_from_with_a_value_error(tensors):
+    with pytest.raises(ValueError, match=r"tensors"):
+        random_batches(tensors, 1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lm_batches(torch.arange(50), 4, 8, generator=0),
+    lambda: random_batches({"x": torch.arange(50)}, 4, generator="seed"),
+], ids=["lm_batches", "random_batches"])
+def test_a_seed_instead_of_a_generator_is_refused_by_name(make):
+    with pytest.raises(TypeError, match=r"^generator .*torch\.Generator or None"):
+        make()
 
 
 def test_divergence_is_reported():
@@ -370,7 +636,7 @@ def test_divergence_is_reported():
     with torch.no_grad():
         model.weight.fill_(float("nan"))
     config = TrainConfig(max_iters=3, warmup_iters=1, eval_iters=1)
-    with pytest.raises(FloatingPointError, match="the loss became nan at update 1.*lower lr"):
+    with pytest.raises(FloatingPointError, match=r"loss.*nan.*update 1.*lr"):
         train(model, lambda: {"ids": ids, "targets": ids}, config, progress=False)
 
 
@@ -405,7 +671,7 @@ def test_live_plot_draws_the_curves_so_far():
     import matplotlib
 
     matplotlib.use("Agg")
-    from course_lib.viz import LivePlot, draw_losses
+    from course_lib.course.viz import LivePlot, draw_losses
 
     live = LivePlot({"bigram": 2.5}, ylim=(1.0, 4.5))
     live.update([0, 10, 20], {"train": [4.0, 3.0], "validation": [4.1, 3.2]}, best=(10, 3.2))

@@ -20,7 +20,7 @@ from course_lib.attention import (
     scaled_dot_product_attention,
     split_heads,
 )
-from course_lib.probes import ablate_heads
+from course_lib.course.probes import ablate_heads
 
 from ._core import Case, CheckFailure, Misconception, call_learner, compare_tensors, describe, rand
 

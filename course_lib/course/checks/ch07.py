@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from course_lib.blocks import EncoderBlock
+from course_lib.course.probes import layer_grad_norms as reference_layer_grad_norms
 from course_lib.layers import layer_norm, rms_norm
-from course_lib.probes import layer_grad_norms as reference_layer_grad_norms
 
 from ._core import (
     Case,

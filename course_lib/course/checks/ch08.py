@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from course_lib.attention import MultiHeadAttention, causal_mask, padding_mask
 from course_lib.blocks import EncoderBlock
 from course_lib.configs import DecoderConfig
+from course_lib.course.bert_app import default_model_dir, load_pretrained_encoder
 from course_lib.models import DecoderLM, count_parameters
-from course_lib.pretrained import default_model_dir, load_pretrained_encoder, mean_pool
+from course_lib.pretrained import mean_pool
 
 from ._core import (
     Case,

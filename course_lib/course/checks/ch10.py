@@ -383,7 +383,7 @@ def _strict_mask_rows_match(got: Any, case: Case) -> bool:
         return False
     strict = torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1)  # s < t
     wrong, _ = scaled_dot_product_attention(q.double(), k.double(), v.double(), mask=strict)
-    right = chunked_attention(q, k, v, block_size=n, causal=True)
+    right = chunked_attention(q, k, v, block_size=n, is_causal=True)
     return bool(torch.allclose(got[..., 1:, :].double(), wrong[..., 1:, :], atol=1e-5)) and not \
         torch.allclose(right[..., 1:, :].double(), wrong[..., 1:, :], atol=1e-5)
 
@@ -399,7 +399,7 @@ def check_causal_chunked_attention(causal_chunked_attention_fn: Callable) -> Non
 
     def check_one(got, case: Case) -> None:
         q, k, v, block_size = case.args
-        expected = chunked_attention(q, k, v, block_size=block_size, causal=True)
+        expected = chunked_attention(q, k, v, block_size=block_size, is_causal=True)
         if isinstance(got, tuple):
             raise CheckFailure(
                 f"causal_chunked_attention should return only the output tensor, but returned "

@@ -36,8 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._validate import (
-    WrongTypeError,
+from .._validate import (
     require_bool_mask,
     require_callable,
     require_choice,
@@ -45,10 +44,10 @@ from ._validate import (
     require_non_negative_number,
     shape_of,
 )
-from .attention import MultiHeadAttention
-from .blocks import DecoderBlock, EncoderBlock
-from .layers import ACTIVATIONS, FeedForward, get_activation
-from .models import Embeddings
+from ..attention import MultiHeadAttention
+from ..blocks import DecoderBlock, EncoderBlock
+from ..layers import ACTIVATIONS, FeedForward, get_activation
+from ..models import Embeddings
 
 __all__ = ["MISTAKES", "Call", "Divergence", "DivergenceReport", "first_divergence",
            "inject_mistake", "record_calls"]
@@ -152,11 +151,11 @@ def record_calls(model: nn.Module, names: set[str] | None = None) -> Iterator[di
         ``{name: Call}``, filled in as the model runs.
     """
     if not isinstance(model, nn.Module):
-        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if names is not None:
         if isinstance(names, str) or not isinstance(names, Iterable) \
                 or not all(isinstance(n, str) for n in names):
-            raise WrongTypeError(
+            raise TypeError(
                 f"names must be a set of submodule names (strings) or None, got {names!r}")
         known = {n for n, _ in model.named_modules()}
         absent = sorted(set(names) - known)
@@ -458,7 +457,7 @@ def _check_locator_args(
     """Check first_divergence's arguments; return the function that runs the candidate."""
     for name, model in (("reference", reference), ("candidate", candidate)):
         if not isinstance(model, nn.Module):
-            raise WrongTypeError(
+            raise TypeError(
                 f"{name} must be a torch.nn.Module, got {type(model).__name__}; for a "
                 "PretrainedEncoder pass its .model"
             )
@@ -470,7 +469,7 @@ def _check_locator_args(
         require_callable("run_candidate", run_candidate, how, "e.g. lambda m: m(ids)")
     if pairs is not None:
         if not isinstance(pairs, Mapping):
-            raise WrongTypeError(
+            raise TypeError(
                 f"pairs must be a dict {{candidate module name: reference module name}}, got "
                 f"{type(pairs).__name__}"
             )
@@ -653,7 +652,9 @@ def _activation_suspect(scene: _Scene) -> tuple[str, str] | None:
         if ff is None or fc1 is None or getattr(ff, "fc2", None) is not scene.module(cand_name):
             continue
         pre = fc1.out  # (B, T, F) the pre-activation, which agreed
-        ref_act = _which_activation(scene.compare, pre, scene.ref_calls[ref_name].input)
+        ref_fc1 = scene.ref_calls.get(_join(_parent(ref_name), "fc1"))  # same layout: exact
+        ref_pre = pre if ref_fc1 is None else ref_fc1.out
+        ref_act = _which_activation(scene.compare, ref_pre, scene.ref_calls[ref_name].input)
         cand_act = _which_activation(scene.compare, pre, scene.cand_calls[cand_name].input)
         if ref_act and cand_act and ref_act != cand_act:
             fixes[ff_name] = (ref_act, cand_act, ref_name)
@@ -675,10 +676,10 @@ def _activation_suspect(scene: _Scene) -> tuple[str, str] | None:
 def _which_activation(compare: _Compare, pre: Any, post: Any) -> str | None:
     if not isinstance(pre, torch.Tensor) or not isinstance(post, torch.Tensor):
         return None
-    for name, fn in ACTIVATIONS.items():
-        if compare.same(fn(pre), post):
-            return name
-    return None
+    # the closest one, not the first within tolerance: GELU's two forms differ by about 1e-4
+    gaps = {name: compare.gap(fn(pre), post) for name, fn in ACTIVATIONS.items()}
+    best = min(gaps, key=lambda name: gaps[name][0])
+    return best if gaps[best][0] <= gaps[best][1] else None
 
 
 def _token_type_suspect(scene: _Scene) -> tuple[str, str] | None:
@@ -814,7 +815,7 @@ def inject_mistake(model: nn.Module, mistake: str) -> nn.Module:
             ``"token_types"`` for a model without segment embeddings).
     """
     if not isinstance(model, nn.Module):
-        raise WrongTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     require_choice("mistake", mistake, tuple(MISTAKES))
     broken = copy.deepcopy(model)
     changed = 0

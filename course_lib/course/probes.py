@@ -32,8 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._validate import (
-    WrongTypeError,
+from .._validate import (
     require_bool,
     require_callable,
     require_finite,
@@ -43,7 +42,7 @@ from ._validate import (
     require_tensor,
     shape_of,
 )
-from .attention import MultiHeadAttention
+from ..attention import MultiHeadAttention
 
 Probed = Callable[[torch.Tensor], torch.Tensor]
 
@@ -380,7 +379,7 @@ def _check_heads_to_ablate(attention: object, heads: object) -> list[int]:
             hint = (" (torch.nn.MultiheadAttention applies its output projection inside one "
                     "functional call, so there is no place to switch a head off; copy its "
                     "weights into course_lib.MultiHeadAttention)")
-        raise WrongTypeError(
+        raise TypeError(
             f"attention must be a course_lib MultiHeadAttention layer, e.g. "
             f"model.blocks[0].self_attn, got {type(attention).__name__}{hint}"
         )
@@ -390,7 +389,7 @@ def _check_heads_to_ablate(attention: object, heads: object) -> list[int]:
     chosen = []
     for head in heads:
         if isinstance(head, bool) or not isinstance(head, numbers.Integral):
-            raise WrongTypeError(
+            raise TypeError(
                 f"heads must be a head index or a list of them (ints in 0..{n_heads - 1}), got "
                 f"{head!r} ({type(head).__name__})"
             )
@@ -518,12 +517,12 @@ def _sum_of_squares(grad: torch.Tensor) -> torch.Tensor:
 def _check_layers(layers: object) -> list[nn.Module]:
     """A non-empty list of modules that all have parameters."""
     if isinstance(layers, nn.Module) and not isinstance(layers, nn.ModuleList | nn.Sequential):
-        raise WrongTypeError(
+        raise TypeError(
             f"layers must be a sequence of modules (the layers of a stack), got one "
             f"{type(layers).__name__}; pass its layers, e.g. model.blocks"
         )
     if isinstance(layers, torch.Tensor) or not isinstance(layers, Iterable):
-        raise WrongTypeError(
+        raise TypeError(
             f"layers must be a sequence of modules such as model.blocks, got "
             f"{type(layers).__name__}"
         )
@@ -532,7 +531,7 @@ def _check_layers(layers: object) -> list[nn.Module]:
         raise ValueError("layers is empty: give at least one layer")
     for i, layer in enumerate(layers):
         if not isinstance(layer, nn.Module):
-            raise WrongTypeError(f"layers[{i}] must be a torch.nn.Module, got "
+            raise TypeError(f"layers[{i}] must be a torch.nn.Module, got "
                                  f"{type(layer).__name__}")
         if next(layer.parameters(), None) is None:
             raise ValueError(f"layers[{i}] ({type(layer).__name__}) has no parameters, so it "
@@ -688,7 +687,7 @@ def _check_role_inputs(
         stack = attentions
     else:
         if not isinstance(attentions, (list, tuple)) or not attentions:
-            raise WrongTypeError(
+            raise TypeError(
                 "attentions must be a non-empty list of (B, H, T, T) tensors (a model's "
                 f"attentions), got {type(attentions).__name__}")
         shapes = {tuple(require_tensor(f"attentions[{i}]", a).shape)
@@ -702,7 +701,7 @@ def _check_role_inputs(
                          f"{shape_of(stack)} and dtype {stack.dtype}")
     if isinstance(tokens, str) or not isinstance(tokens, (list, tuple)) or not all(
             isinstance(s, (list, tuple)) and all(isinstance(t, str) for t in s) for s in tokens):
-        raise WrongTypeError("tokens must be a list of B token lists (strings), e.g. "
+        raise TypeError("tokens must be a list of B token lists (strings), e.g. "
                              f"out.tokens, got {type(tokens).__name__}")
     if len(tokens) != stack.shape[1] or any(len(s) > stack.shape[-1] for s in tokens):
         raise ValueError(
@@ -711,7 +710,7 @@ def _check_role_inputs(
             f"{stack.shape[1]} sequences of at most T = {stack.shape[-1]} tokens")
     if isinstance(stop_words, str) or not isinstance(stop_words, Iterable) \
             or not all(isinstance(w, str) for w in stop_words):
-        raise WrongTypeError("stop_words must be a collection of words (strings)")
+        raise TypeError("stop_words must be a collection of words (strings)")
     stack = stack.detach().cpu()
     _require_scoreable(stack, tokens)
     return stack, [list(s) for s in tokens], frozenset(w.lower() for w in stop_words)
