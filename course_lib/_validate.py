@@ -9,9 +9,10 @@ One rule, one place: integers (numpy ones too), numbers, probabilities, token id
 dtypes are checked only here.
 
 Library code calling library code (a block calling attention, a model calling its blocks) has
-checked already: it runs the inner calls inside :func:`inputs_checked`, and every check helper
-starts with ``if not checks_wanted(): return``. Modules still run through ``module(...)``, so
-forward hooks see every call.
+checked already: it runs the inner calls inside :func:`inputs_checked`, and each module's own
+check helper (at the bottom of the module) starts with ``if not checks_wanted(): return``. The
+generic rules below always check. Modules still run through ``module(...)``, so forward hooks see
+every call.
 """
 
 from __future__ import annotations

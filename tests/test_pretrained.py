@@ -164,7 +164,10 @@ def test_matches_hf_bert_on_a_heavily_padded_truncated_batch(bert, hf_bert):
 
 
 def test_mean_pool_matches_sentence_transformers_pooling(bert):
-    from sentence_transformers.models import Pooling  # not loaded by the package itself
+    try:  # not loaded by the package itself; its home since sentence-transformers 5
+        from sentence_transformers.sentence_transformer.modules import Pooling
+    except ImportError:
+        from sentence_transformers.models import Pooling
 
     pooling = Pooling(384, pooling_mode="mean")
     out = bert.encode(SENTENCES, output_attentions=False)
