@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be downloaded
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -18,6 +17,7 @@ import pytest  # noqa: E402
 import sentence_transformers  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from bert_helpers import LONG, SENTENCES, copy_folder, save_tiny_bert  # noqa: E402
 
 from course_lib.course.bert_app import (  # noqa: E402
     REQUIRED_FILES,
@@ -29,14 +29,6 @@ from course_lib.course.bert_app import (  # noqa: E402
 
 ATOL = 1e-4
 
-SENTENCES = [
-    "The cat sat on the mat.",
-    "Attention lets every token look at every other token in one step, however far apart.",
-    "Hi!",
-    "The animal didn't cross the street because it was too tired.",
-]
-# Longer than all-MiniLM-L6-v2's 256-token limit, so truncation is exercised too.
-LONG = " ".join(["attention is all you need"] * 70)
 
 
 @pytest.fixture(scope="module")
@@ -253,36 +245,11 @@ def test_tokenize_rejects_bad_input(bert):
 # Another BERT (random weights, other sizes, saved by transformers) and the loader's errors
 
 
-TINY = dict(
-    vocab_size=30522, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
-    intermediate_size=72, max_position_embeddings=40, type_vocab_size=3, layer_norm_eps=1e-7,
-    hidden_act="gelu_new",
-)
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, folder):
-    """A BertForMaskedLM (tensor names 'bert.*' plus 'cls.*' heads) with every weight, LayerNorm
-    gains and biases included, moved away from its initial value so each one matters."""
-    torch.manual_seed(0)
-    config = transformers.BertConfig(**TINY)
-    model = transformers.BertForMaskedLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("tiny_bert")
-    model.save_pretrained(str(path))
-    shutil.copy(folder / "tokenizer.json", path / "tokenizer.json")
-    reference = transformers.BertModel.from_pretrained(str(path), attn_implementation="eager")
-    return path, reference.eval()
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), folder)
 
 
-def _copy_folder(src, dst, skip=()):
-    dst.mkdir()
-    for name in REQUIRED_FILES:
-        if name not in skip:
-            shutil.copy(src / name, dst / name)
-    return dst
 
 
 def _edit_config(path, **changes):
@@ -303,17 +270,17 @@ def test_missing_folder_or_file(tmp_path, tiny):
     a_file.write_text("hi")
     with pytest.raises(FileNotFoundError, match=rf"path {re.escape(str(a_file))} is a file"):
         load_pretrained_encoder(a_file)
-    partial = _copy_folder(tiny[0], tmp_path / "partial", skip=("tokenizer.json",))
+    partial = copy_folder(tiny[0], tmp_path / "partial", skip=("tokenizer.json",))
     with pytest.raises(FileNotFoundError, match=rf"{re.escape(str(partial))} is missing tokenizer.json"):
         load_pretrained_encoder(partial)
-    no_weights = _copy_folder(tiny[0], tmp_path / "bin_only", skip=("model.safetensors",))
+    no_weights = copy_folder(tiny[0], tmp_path / "bin_only", skip=("model.safetensors",))
     (no_weights / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match=r"missing model.safetensors.*safetensors only"):
         load_pretrained_encoder(no_weights)
 
 
 def test_corrupt_or_incomplete_config(tmp_path, tiny):
-    path = _copy_folder(tiny[0], tmp_path / "model")
+    path = copy_folder(tiny[0], tmp_path / "model")
     text = (path / "config.json").read_text()
     (path / "config.json").write_text(text[: len(text) // 2])  # cut off mid-file
     with pytest.raises(ValueError, match=rf"{re.escape(str(path / 'config.json'))} is not valid JSON"):
@@ -340,7 +307,7 @@ def test_corrupt_or_incomplete_config(tmp_path, tiny):
 
 
 def test_corrupt_tokenizer_and_bad_max_length(tmp_path, tiny):
-    path = _copy_folder(tiny[0], tmp_path / "model")
+    path = copy_folder(tiny[0], tmp_path / "model")
     with pytest.raises(ValueError, match=r"max_length=41 .*40"):
         load_pretrained_encoder(path, max_length=41)
     (path / "tokenizer.json").write_text('{"version": "1.0", "model": 3}')

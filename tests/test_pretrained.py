@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 
 # Nothing may be downloaded: both libraries must read the local folder only.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -19,13 +18,13 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from bert_helpers import LONG, SENTENCES, copy_folder, save_tiny_bert  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from course_lib.configs import DecoderConfig  # noqa: E402
 from course_lib.course.bert_app import (  # noqa: E402
-    REQUIRED_FILES,
     PretrainedEncoder,
     default_model_dir,
     load_pretrained_encoder,
@@ -40,14 +39,6 @@ from course_lib.pretrained import (  # noqa: E402
 
 ATOL = 1e-4
 
-SENTENCES = [
-    "The cat sat on the mat.",
-    "Attention lets every token look at every other token in one step, however far apart.",
-    "Hi!",
-    "The animal didn't cross the street because it was too tired.",
-]
-# Longer than all-MiniLM-L6-v2's 256-token limit, so truncation is exercised too.
-LONG = " ".join(["attention is all you need"] * 70)
 
 
 @pytest.fixture(scope="module")
@@ -224,28 +215,9 @@ def test_full_size_models_match_hugging_face_counts():
 # Another BERT: random weights, other sizes, saved by transformers with a task head
 
 
-TINY = dict(
-    vocab_size=30522, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
-    intermediate_size=72, max_position_embeddings=40, type_vocab_size=3, layer_norm_eps=1e-7,
-    hidden_act="gelu_new",
-)
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, folder):
-    """A BertForMaskedLM (tensor names 'bert.*' plus 'cls.*' heads) with every weight, LayerNorm
-    gains and biases included, moved away from its initial value so each one matters."""
-    torch.manual_seed(0)
-    config = transformers.BertConfig(**TINY)
-    model = transformers.BertForMaskedLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("tiny_bert")
-    model.save_pretrained(str(path))
-    shutil.copy(folder / "tokenizer.json", path / "tokenizer.json")
-    reference = transformers.BertModel.from_pretrained(str(path), attn_implementation="eager")
-    return path, reference.eval()
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), folder)
 
 
 def test_other_bert_checkpoint_matches_hf(tiny):
@@ -260,12 +232,6 @@ def test_other_bert_checkpoint_matches_hf(tiny):
     assert ours.tokenize(LONG).lengths == [40]
 
 
-def _copy_folder(src, dst, skip=()):
-    dst.mkdir()
-    for name in REQUIRED_FILES:
-        if name not in skip:
-            shutil.copy(src / name, dst / name)
-    return dst
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +239,7 @@ def _copy_folder(src, dst, skip=()):
 
 
 def test_checkpoint_with_missing_wrong_or_extra_tensors(tmp_path, tiny):
-    path = _copy_folder(tiny[0], tmp_path / "model")
+    path = copy_folder(tiny[0], tmp_path / "model")
     weights = path / "model.safetensors"
     tensors = load_file(str(weights))
 

@@ -4,7 +4,6 @@ and the errors for bad arguments."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -164,33 +163,6 @@ def test_word_order_task_bad_arguments(kwargs, error, message):
 
 TASK = copy_task(4, 3, n_symbols=4)  # vocabulary: 4 symbols and "|"
 WORDS = word_order_task(2)
-DECODERS = {
-    "LMTask.decode": (TASK.decode, 5),
-    "AlignedTranslationTask.words": (WORDS.words, WORDS.vocab.vocab_size),
-}
-
-
-@pytest.mark.parametrize("bad", ["too large", "negative"])
-@pytest.mark.parametrize("decoder", sorted(DECODERS))
-def test_every_decoder_names_an_out_of_range_id_and_the_vocabulary_size(decoder, bad):
-    decode, size = DECODERS[decoder]
-    wrong = size if bad == "too large" else -1
-    with pytest.raises(ValueError, match=rf"ids\[1\] is {wrong}.*0\.\.{size - 1}.*{size}"):
-        decode([0, wrong])
-    with pytest.raises(ValueError, match=rf"ids\[0\] is {wrong}"):
-        decode(torch.tensor([wrong, 0]))
-
-
-@pytest.mark.parametrize("decoder", sorted(DECODERS))
-def test_decoders_refuse_float_ids_and_accept_numpy_ints(decoder):
-    decode, _ = DECODERS[decoder]
-    with pytest.raises(ValueError, match=r"ids.*integer.*ids\.long\(\)"):
-        decode(torch.tensor([0.0, 1.0]))
-    with pytest.raises(TypeError, match=r"ids\[0\] must be an integer.*1\.0"):
-        decode([1.0])
-    assert decode(np.array([0, 1])) == decode([0, 1])
-
-
 def test_the_ignore_index_still_decodes_where_it_did():
     assert TASK.decode([IGNORE_INDEX, 0]) == ". 0"
     assert WORDS.words([WORDS.vocab.bos_id, IGNORE_INDEX]) == ""

@@ -3,7 +3,6 @@ real text, and the errors for characters and ids outside the vocabulary."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -40,33 +39,6 @@ def test_char_tokenizer_unknown_characters():
 
 # --------------------------------------------------------------------------------------------
 # Decoding ids: CharTokenizer.decode and Seq2SeqVocab.labels
-
-DECODERS = {
-    "CharTokenizer.decode": (CharTokenizer("abc").decode, 3),
-    "Seq2SeqVocab.labels": (VOCAB.labels, VOCAB.vocab_size),
-}
-
-
-@pytest.mark.parametrize("bad", ["too large", "negative"])
-@pytest.mark.parametrize("decoder", sorted(DECODERS))
-def test_every_decoder_names_an_out_of_range_id_and_the_vocabulary_size(decoder, bad):
-    decode, size = DECODERS[decoder]
-    wrong = size if bad == "too large" else -1
-    with pytest.raises(ValueError, match=rf"ids\[1\] is {wrong}.*0\.\.{size - 1}.*{size}"):
-        decode([0, wrong])
-    with pytest.raises(ValueError, match=rf"ids\[0\] is {wrong}"):
-        decode(torch.tensor([wrong, 0]))
-
-
-@pytest.mark.parametrize("decoder", sorted(DECODERS))
-def test_decoders_refuse_float_ids_and_accept_numpy_ints(decoder):
-    decode, _ = DECODERS[decoder]
-    with pytest.raises(ValueError, match=r"ids.*integer.*ids\.long\(\)"):
-        decode(torch.tensor([0.0, 1.0]))
-    with pytest.raises(TypeError, match=r"ids\[0\] must be an integer.*1\.0"):
-        decode([1.0])
-    assert decode(np.array([0, 1])) == decode([0, 1])
-
 
 def test_the_ignore_index_still_decodes_where_it_did():
     assert VOCAB.labels([IGNORE_INDEX, 0, 3]) == ["", "", "a"]
