@@ -6,23 +6,25 @@ The model library, bottom-up:
     device      get_device, seed_everything, best_time, num_threads
     rnn         the Elman RNN, one step and a whole sequence, gradient norms by distance
     attention   scores, softmax, scaled dot-product attention, masks, split_heads /
-                merge_heads, MultiHeadAttention
+                merge_heads, MultiHeadAttention (grouped-query with n_kv_heads)
     positions   learned, sinusoidal, ALiBi and rotary position representations
-    layers      FeedForward, LayerNorm and RMSNorm (from the equations)
-    blocks      EncoderBlock, DecoderBlock (pre- or post-norm, optional cross-attention)
+    layers      FeedForward, SwiGLU, LayerNorm and RMSNorm (from the equations)
+    blocks      EncoderBlock, DecoderBlock (pre- or post-norm, optional cross-attention;
+                Llama-style: RMSNorm, SwiGLU, grouped-query attention)
     configs     EncoderConfig, DecoderConfig, EncoderDecoderConfig, the models' outputs
-    cache       the key/value cache (one layer's, and a whole decoder's)
-    models      Encoder, DecoderLM, EncoderDecoder, lm_loss, parameter counts
+    cache       the key/value cache (one layer's, and a whole decoder's; its bytes)
+    models      Encoder, DecoderLM, EncoderDecoder, MaskedLM (BERT's masked-LM head), lm_loss,
+                parameter counts
     generation  sampling (temperature, top-k, top-p), generation loops
     efficient   chunked (online-softmax), sliding-window and low-rank attention; peak memory
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
     tasks       synthetic tasks: copy, long-range recall, word-order translation with a known
-                alignment
+                alignment; BERT's masking rule (mask_tokens)
     metrics     token and sequence accuracy, the alignment score of cross-attention
     train       a small training loop (AdamW, warm-up and cosine decay, clipping, evaluation)
     pretrained  a real BERT checkpoint in our own Encoder: config, weight map, loading,
-                mean pooling
+                mean pooling; a Hugging Face Llama in our DecoderLM (RoPE pair order)
 
 The course's tooling is in ``course_lib.course``; it imports the model library, never the other
 way round: graded checks, the exercise generator, the grader, the Colab set-up, and the
@@ -52,8 +54,15 @@ from .blocks import DecoderBlock, EncoderBlock
 from .configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig
 from .device import best_time, get_device, num_threads, seed_everything
 from .efficient import chunked_attention, sliding_window_attention
-from .layers import FeedForward, LayerNorm, RMSNorm, layer_norm, rms_norm
-from .models import DecoderLM, Encoder, EncoderDecoder, count_parameters, parameter_breakdown
+from .layers import FeedForward, LayerNorm, RMSNorm, SwiGLU, layer_norm, rms_norm
+from .models import (
+    DecoderLM,
+    Encoder,
+    EncoderDecoder,
+    MaskedLM,
+    count_parameters,
+    parameter_breakdown,
+)
 from .positions import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -80,10 +89,12 @@ __all__ = [
     "FeedForward",
     "LayerNorm",
     "LearnedPositionalEmbedding",
+    "MaskedLM",
     "MultiHeadAttention",
     "RMSNorm",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
+    "SwiGLU",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",

@@ -33,6 +33,7 @@ from ._validate import (
     require_ndim,
     require_non_negative_int,
     require_padding_mask,
+    require_positive_int,
     require_positive_number,
     require_probability,
     require_same_dtype,
@@ -203,10 +204,12 @@ def combine_masks(
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, eqs. 22-26: self-attention (keys from ``x``) or cross-attention
-    (keys from ``context``).
+    (keys from ``context``); with ``n_kv_heads < n_heads``, grouped-query attention (GQA;
+    multi-query attention, MQA, for ``n_kv_heads=1``).
 
     One fused projection holds the rows [W_q; W_k; W_v], shape (3D, D), like
-    ``nn.MultiheadAttention.in_proj_weight``. ``return_weights=True`` runs course_lib's
+    ``nn.MultiheadAttention.in_proj_weight`` (with GQA, (D + 2 Hkv Dh, D): W_k and W_v have
+    Hkv Dh rows each). ``return_weights=True`` runs course_lib's
     :func:`scaled_dot_product_attention` (the weights can be returned); otherwise PyTorch's
     fused kernel computes the same function.
 
@@ -216,6 +219,10 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights during training.
         bias: whether the projections have biases (as in nn.Linear).
         rope: rotary position embeddings on q and k (self-attention only).
+        n_kv_heads: Hkv key/value heads (Hugging Face's ``num_key_value_heads``), dividing H;
+            each is shared by H / Hkv query heads, and a cache stores only Hkv heads.
+            None = H (standard multi-head attention).
+        rope_theta: the RoPE base (Hugging Face's name), 10000 as in the RoPE paper.
 
     Shapes:
         forward(x (B, T, D) or (T, D), context (B, S, D) or None, ...) ->
@@ -230,18 +237,24 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         rope: bool = False,
+        n_kv_heads: int | None = None,
+        rope_theta: float = 10000.0,
     ) -> None:
         super().__init__()
-        check_heads(d_model, n_heads)
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        check_heads(d_model, n_heads, n_kv_heads)
         require_probability("dropout", dropout)
         check_bools(bias=bias, rope=rope)
         self.d_model = d_model
         self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
         self.d_head = d_model // n_heads
         self.dropout = dropout
-        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows [W_q; W_k; W_v]
+        kv_dim = n_kv_heads * self.d_head  # Hkv Dh: D without GQA
+        # rows [W_q; W_k; W_v]: (D + 2 Hkv Dh, D)
+        self.qkv_proj = nn.Linear(d_model, d_model + 2 * kv_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.rotary = RotaryEmbedding(self.d_head) if rope else None
+        self.rotary = RotaryEmbedding(self.d_head, base=rope_theta) if rope else None
 
     def forward(
         self,
@@ -284,15 +297,21 @@ class MultiHeadAttention(nn.Module):
             x, context = x[None], None if context is None else context[None]
             attention_mask = None if attention_mask is None else attention_mask[None]
         with inputs_checked():  # what follows trusts the checks above
-            q, k, v = (split_heads(t, self.n_heads) for t in self._project(x, context))
-            # q (B, H, T, Dh), k and v (B, H, S, Dh)
+            q, k, v = self._project(x, context)  # (B, T, D), (B, S, Hkv Dh), (B, S, Hkv Dh)
+            q = split_heads(q, self.n_heads)  # (B, H, T, Dh)
+            k = split_heads(k, self.n_kv_heads)  # (B, Hkv, S, Dh)
+            v = split_heads(v, self.n_kv_heads)  # (B, Hkv, S, Dh)
             n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
             if self.rotary is not None and context is None:  # positions after the cached ones
                 positions = torch.arange(n_past, n_past + q.shape[2], device=q.device)  # (T,)
                 q = self.rotary(q, positions=positions)
                 k = self.rotary(k, positions=positions)
             if past_key_value is not None:  # the earlier positions' keys and values, then ours
-                k, v = past_key_value.update(k, v)  # (B, H, S, Dh) each
+                k, v = past_key_value.update(k, v)  # (B, Hkv, S, Dh) each, cached before sharing
+            if self.n_kv_heads != self.n_heads:  # GQA: query head h reads kv head h // (H/Hkv)
+                group = self.n_heads // self.n_kv_heads  # query heads per key/value head
+                k = k.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
+                v = v.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
             dropout_p = self.dropout if self.training else 0.0
             if return_weights:  # softmax(q k^T / sqrt(Dh) + attn_bias) v, per head
                 keep = combine_masks(mask, attention_mask, is_causal, q.shape[2], k.shape[2],
@@ -312,17 +331,19 @@ class MultiHeadAttention(nn.Module):
         self, x: torch.Tensor, context: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q = x W_q^T, k = c W_k^T, v = c W_v^T with c = x (self) or context (cross)."""
+        d, kv_dim = self.d_model, self.n_kv_heads * self.d_head  # D, Hkv Dh
         if context is None:
-            return self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
+            # (B, T, D), (B, T, Hkv Dh), (B, T, Hkv Dh)
+            return self.qkv_proj(x).split([d, kv_dim, kv_dim], dim=-1)
         weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
-        d = self.d_model
         q = F.linear(x, weight[:d], None if bias is None else bias[:d])  # (B, T, D)
-        kv = F.linear(context, weight[d:], None if bias is None else bias[d:])  # (B, S, 2D)
-        return (q, *kv.chunk(2, dim=-1))  # (B, T, D), (B, S, D), (B, S, D)
+        kv = F.linear(context, weight[d:], None if bias is None else bias[d:])  # (B, S, 2 Hkv Dh)
+        return (q, *kv.split(kv_dim, dim=-1))  # (B, T, D), (B, S, Hkv Dh), (B, S, Hkv Dh)
 
     def extra_repr(self) -> str:
         rope = ", rope=True" if self.rotary is not None else ""
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, dropout={self.dropout}{rope}"
+        kv = f", n_kv_heads={self.n_kv_heads}" if self.n_kv_heads != self.n_heads else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, dropout={self.dropout}{rope}"
 
 
 def _fused_attention(
@@ -405,12 +426,17 @@ def _check_padding(lengths: torch.Tensor, max_len: object) -> None:
         raise ValueError(f"lengths must be >= 0 and <= max_len={max_len}, got {lengths.tolist()}")
 
 
-def check_heads(d_model: object, n_heads: object) -> None:
-    """Sizes >= 1, and H divides D (each head gets D // H features); configs use it too."""
+def check_heads(d_model: object, n_heads: object, n_kv_heads: object = None) -> None:
+    """Sizes >= 1, H divides D (each head gets D // H features) and Hkv divides H (each
+    key/value head serves a group of H // Hkv query heads); configs use it too."""
     check_positive_ints(d_model=d_model, n_heads=n_heads)
     if d_model % n_heads:
         options = [h for h in range(1, d_model + 1) if d_model % h == 0]
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: try {options}")
+    if n_kv_heads is not None and n_heads % require_positive_int("n_kv_heads", n_kv_heads):
+        options = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
+                         f"try n_kv_heads in {options}")
 
 
 def _check_split_heads(x: object, n_heads: object) -> None:

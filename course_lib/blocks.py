@@ -9,7 +9,9 @@ LayerNorm, in one of the two orders of the notes (eqs. 29-31):
 * post-norm (``norm_first=False``, the original Transformer and BERT): ``x = LN(x + f(x))``.
 
 The norms are ``torch.nn.LayerNorm`` (one fused kernel); :class:`course_lib.layers.LayerNorm`
-is the same function written from the equations, and a test proves they agree.
+is the same function written from the equations, and a test proves they agree. A decoder block
+can also be Llama's: RMSNorm (``norm="rms"``), the SwiGLU feed-forward network
+(``ffn="swiglu"``) and grouped-query attention (``n_kv_heads``), with RoPE (``rope=True``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ._validate import (
 )
 from .attention import MultiHeadAttention, check_attention_inputs
 from .cache import LayerKVCache
-from .layers import FeedForward, dropout_layer
+from .layers import FeedForward, dropout_layer, make_feed_forward, make_norm
 
 
 class EncoderBlock(nn.Module):
@@ -88,6 +90,11 @@ class DecoderBlock(nn.Module):
 
     Args: as :class:`EncoderBlock`, plus
         cross_attention: add the cross-attention sublayer (encoder-decoder models).
+        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm, Llama), with eps ``eps``.
+        ffn: ``"mlp"`` (:class:`~course_lib.layers.FeedForward` with ``activation``) or
+            ``"swiglu"`` (:class:`~course_lib.layers.SwiGLU`, Llama).
+        n_kv_heads, rope_theta: key/value heads (grouped-query attention; None = n_heads) and
+            the RoPE base, as in :class:`MultiHeadAttention` (for both attentions).
 
     Shapes:
         forward(x: (B, T, D), encoder_hidden_states: (B, S, D) or None, ...) ->
@@ -97,21 +104,25 @@ class DecoderBlock(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, *,
                  cross_attention: bool = False, dropout: float = 0.0, activation: str = "relu",
                  norm_first: bool = True, eps: float = 1e-5, bias: bool = True,
-                 rope: bool = False) -> None:
+                 rope: bool = False, norm: str = "layer", ffn: str = "mlp",
+                 n_kv_heads: int | None = None, rope_theta: float = 10000.0) -> None:
         super().__init__()
         check_bools(norm_first=norm_first, cross_attention=cross_attention)
         require_positive_number("eps", eps)
         self.d_model = d_model
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, rope=rope)
-        self.attn_norm = nn.LayerNorm(d_model, eps=eps)
+        heads = dict(dropout=dropout, bias=bias, n_kv_heads=n_kv_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, rope=rope, rope_theta=rope_theta,
+                                            **heads)
+        self.attn_norm = make_norm(norm, d_model, eps=eps)
         self.cross_attn: MultiHeadAttention | None = None
-        self.cross_attn_norm: nn.LayerNorm | None = None
+        self.cross_attn_norm: nn.Module | None = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
-            self.cross_attn_norm = nn.LayerNorm(d_model, eps=eps)
-        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.ff_norm = nn.LayerNorm(d_model, eps=eps)
+            self.cross_attn = MultiHeadAttention(d_model, n_heads, **heads)
+            self.cross_attn_norm = make_norm(norm, d_model, eps=eps)
+        self.ff = make_feed_forward(ffn, d_model, d_ff, activation=activation, dropout=dropout,
+                                    bias=bias)
+        self.ff_norm = make_norm(norm, d_model, eps=eps)
         self.dropout = dropout_layer(dropout)
 
     def forward(self, x: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None, *,

@@ -2,7 +2,12 @@
 positions seen so far, so that generating a token costs one position's, not all of them.
 It lives below attention (``MultiHeadAttention`` takes one layer's cache as ``past_key_value``).
 
-Shape legend: B batch, H heads, S cached positions, T new positions, Dh head dim.
+Shape legend: B batch, H heads (the key/value heads, Hkv, with grouped-query attention),
+S cached positions, T new positions, Dh head dim.
+
+The cache stores keys and values before grouped-query attention shares them among the query
+heads, so it costs 2 * n_layers * Hkv * Dh * bytes_per_element per token and sequence: an
+``n_kv_heads=1`` model (multi-query attention) caches H times less than a standard one.
 """
 
 from __future__ import annotations
@@ -72,6 +77,13 @@ class KVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The number of positions cached (in layer ``layer_idx``; 0 when empty)."""
         return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of every cached key and value, measured from the tensors (as
+        ``torch.Tensor.nbytes``): 2 * n_layers * B * S * Hkv * Dh * bytes_per_element."""
+        tensors = [t for layer in self.layers for t in (layer.keys, layer.values) if t is not None]
+        return sum(t.nbytes for t in tensors)
 
     def __len__(self) -> int:
         return len(self.layers)

@@ -18,7 +18,7 @@ from ._validate import (
     require_probability,
 )
 from .attention import check_heads
-from .layers import ACTIVATIONS
+from .layers import ACTIVATIONS, FEED_FORWARDS, NORMS
 
 POSITION_KINDS = ("learned", "sinusoidal", "alibi", "rope", "none")
 
@@ -89,13 +89,35 @@ class EncoderConfig(TransformerConfig):
 class DecoderConfig(TransformerConfig):
     """Config of a :class:`~course_lib.models.DecoderLM` (a GPT-style language model).
 
+    The last four fields make a Llama-style decoder (with ``positions="rope"``,
+    ``bias=False``, ``tie_embeddings=False``, ``layer_norm_eps=1e-6``); their defaults keep
+    the GPT-2-style one.
+
     Attributes:
         tie_embeddings: share the token embedding matrix with the output layer.
         cross_attention: add cross-attention to every block (set by ``EncoderDecoder``).
+        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm, Llama), in the blocks and the
+            final norm; its eps is ``layer_norm_eps`` either way.
+        ffn: ``"mlp"`` (two layers with ``activation``) or ``"swiglu"`` (Llama's gated
+            network; ``activation`` is then unused, SwiGLU's is SiLU).
+        n_kv_heads: key/value heads for grouped-query attention (Hugging Face's
+            ``num_key_value_heads``), dividing n_heads; None = n_heads, 1 = multi-query.
+        rope_theta: the RoPE base (Hugging Face's name), with ``positions="rope"``.
     """
 
     tie_embeddings: bool = True
     cross_attention: bool = False
+    norm: str = "layer"
+    ffn: str = "mlp"
+    n_kv_heads: int | None = None
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_choice("norm", self.norm, NORMS)
+        require_choice("ffn", self.ffn, FEED_FORWARDS)
+        check_heads(self.d_model, self.n_heads, self.n_kv_heads)
+        require_positive_number("rope_theta", self.rope_theta)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
-"""The pieces around attention: the position-wise feed-forward network, LayerNorm and RMSNorm.
+"""The pieces around attention: the position-wise feed-forward networks (the MLP of the
+original Transformer and GPT, the gated SwiGLU of Llama), LayerNorm and RMSNorm.
 Shape legend: B batch, T sequence length, D d_model, F feed-forward width.
 
 ``layer_norm``/``LayerNorm`` write eqs. 27-28 out; the models run the fused ``nn.LayerNorm``,
 and a test proves both agree. ``rms_norm``/``RMSNorm`` (Llama) subtract no mean, have no bias.
+:func:`make_norm` and :func:`make_feed_forward` build the kind a block's ``norm``/``ffn``
+option names.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # the exact erf form, as in BERT and nn.TransformerEncoderLayer
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's approximation
 }
+NORMS = ("layer", "rms")  # LayerNorm (GPT-2, BERT) or RMSNorm (Llama)
+FEED_FORWARDS = ("mlp", "swiglu")  # FeedForward (GPT-2, BERT) or SwiGLU (Llama)
 
 
 def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -78,6 +83,62 @@ class FeedForward(nn.Module):
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name!r}"
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward network of Llama (Shazeer, 2020, "GLU variants"), position-wise
+    like :class:`FeedForward`: one projection, through SiLU, gates another elementwise.
+    The submodules have the names of Hugging Face's ``LlamaMLP``.
+
+    Args:
+        d_model, d_ff: D and F (F defaults to 4 * D; Llama takes about 8/3 D, so that its three
+            matrices hold as many parameters as the MLP's two at 4 D).
+        dropout: dropout on the gated product (in training).
+        bias: whether the three linear layers have biases (Llama's have none).
+
+    Shapes:
+        forward(x: (..., D)) -> (..., D)
+    """
+
+    def __init__(self, d_model: int, d_ff: int | None = None, *, dropout: float = 0.0,
+                 bias: bool = False) -> None:
+        super().__init__()
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        check_positive_ints(d_model=d_model, d_ff=d_ff)
+        require_probability("dropout", dropout)
+        check_bools(bias=bias)
+        self.d_model = d_model
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)  # D -> F, through SiLU: the gate
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)  # D -> F, the values it gates
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)  # project back: F -> D
+        self.dropout = dropout_layer(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_layer_input(x, weight=self.gate_proj.weight)
+        # W_down (silu(W_gate h) * (W_up h)), silu(z) = z * sigmoid(z)
+        gated = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (..., F)
+        return self.down_proj(self.dropout(gated))  # (..., D)
+
+
+def make_feed_forward(ffn: str, d_model: int, d_ff: int | None = None, *,
+                      activation: str = "relu", dropout: float = 0.0,
+                      bias: bool = True) -> nn.Module:
+    """The feed-forward network called ``ffn``: ``"mlp"`` a :class:`FeedForward` with
+    ``activation``, or ``"swiglu"`` a :class:`SwiGLU` (whose activation is always SiLU)."""
+    require_choice("ffn", ffn, FEED_FORWARDS)
+    if ffn == "swiglu":
+        return SwiGLU(d_model, d_ff, dropout=dropout, bias=bias)
+    return FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+
+
+def make_norm(norm: str, d_model: int, *, eps: float = 1e-5) -> nn.Module:
+    """The fused normalisation called ``norm``: ``"layer"`` ``nn.LayerNorm`` (gain and
+    bias) or ``"rms"`` ``nn.RMSNorm`` (gain only), each with this ``eps``. The equations are
+    :func:`layer_norm` and :func:`rms_norm`."""
+    require_choice("norm", norm, NORMS)
+    if norm == "rms":
+        return nn.RMSNorm(d_model, eps=eps)
+    return nn.LayerNorm(d_model, eps=eps)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None,

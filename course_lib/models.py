@@ -39,7 +39,7 @@ from .configs import (
     TransformerConfig,
 )
 from .generation import generate, generate_seq2seq
-from .layers import dropout_layer
+from .layers import dropout_layer, get_activation, make_norm
 from .positions import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
@@ -56,7 +56,7 @@ def init_weights(model: nn.Module, n_layers: int) -> None:
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             std = 0.02
-            if name.endswith("out_proj") or name.endswith("ff.fc2"):
+            if name.endswith(("out_proj", "ff.fc2", "ff.down_proj")):
                 std = 0.02 / math.sqrt(2 * n_layers)
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
@@ -154,15 +154,16 @@ def _padding(attention_mask: torch.Tensor | None, ids: torch.Tensor,
 class _Stack(nn.Module):
     """What the encoder and the decoder share: embeddings, blocks, the final norm, ALiBi."""
 
-    def __init__(self, config: TransformerConfig, blocks: list[nn.Module], **embedding) -> None:
+    def __init__(self, config: TransformerConfig, blocks: list[nn.Module], *,
+                 norm_kind: str = "layer", **embedding) -> None:
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config.vocab_size, config.d_model, max_len=config.max_len,
                                      positions=config.positions, eps=config.layer_norm_eps,
                                      dropout=config.dropout, **embedding)
         self.blocks = nn.ModuleList(blocks)
-        # Pre-norm stacks leave the residual stream unnormalised, so they end with a LayerNorm.
-        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) \
+        # Pre-norm stacks leave the residual stream unnormalised, so they end with a norm.
+        self.final_norm = make_norm(norm_kind, config.d_model, eps=config.layer_norm_eps) \
             if config.norm_first else None
         if config.positions == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(config.n_heads), persistent=False)
@@ -243,10 +244,11 @@ class DecoderLM(_Stack):
     def __init__(self, config: DecoderConfig) -> None:
         check_config(config, DecoderConfig)
         blocks = [DecoderBlock(config.d_model, config.n_heads, config.d_ff,
-                               cross_attention=config.cross_attention,
-                               **_block_kwargs(config))
+                               cross_attention=config.cross_attention, norm=config.norm,
+                               ffn=config.ffn, n_kv_heads=config.n_kv_heads,
+                               rope_theta=config.rope_theta, **_block_kwargs(config))
                   for _ in range(config.n_layers)]
-        super().__init__(config, blocks)
+        super().__init__(config, blocks, norm_kind=config.norm)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         init_weights(self, config.n_layers)
         if config.tie_embeddings:
@@ -372,6 +374,49 @@ class EncoderDecoder(nn.Module):
         :func:`course_lib.generation.generate_seq2seq`."""
         return generate_seq2seq(self, src, bos_id=bos_id, max_new_tokens=max_new_tokens,
                                 **sampling)
+
+
+class MaskedLM(nn.Module):
+    """An encoder with BERT's masked-language-model head (Hugging Face's BertForMaskedLM): at
+    every position, scores over the vocabulary for the token that belongs there. The head
+    transforms each final vector (dense D -> D, the activation, LayerNorm), then scores it
+    against every token embedding: the output layer's weight *is* the token embedding matrix
+    (tied), plus a bias per token.
+
+    Shapes:
+        forward(ids: (B, T), ...) -> LMOutput with logits (B, T, V)
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        check_config(config, EncoderConfig)
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.head_dense = nn.Linear(config.d_model, config.d_model)
+        self.head_activation = get_activation(config.activation)
+        self.head_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size)  # the bias is the head's own
+        init_weights(self, config.n_layers)
+        self.lm_head.weight = self.encoder.embeddings.token.weight  # one (V, D) matrix, twice
+
+    def forward(self, ids: torch.Tensor, *, targets: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> LMOutput:
+        """Token scores at every position, and the loss at the masked ones.
+
+        Args:
+            ids: (B, T) token ids, some of them replaced (e.g. by :func:`course_lib.tasks.
+                mask_tokens`).
+            targets: (B, T) the original token where one is to be predicted, -100 elsewhere
+                (Hugging Face calls them ``labels``); the loss averages over the others.
+            attention_mask, token_type_ids: as in :meth:`Encoder.forward`.
+        """
+        hidden = self.encoder(ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state  # (B, T, D)
+        h = self.head_norm(self.head_activation(self.head_dense(hidden)))  # (B, T, D)
+        logits = self.lm_head(h)  # (B, T, V): h E^T + b
+        return LMOutput(logits=logits,
+                        loss=None if targets is None else lm_loss(logits, targets))
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

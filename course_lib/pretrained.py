@@ -1,4 +1,5 @@
-"""A pretrained BERT checkpoint in course_lib's own :class:`Encoder`.
+"""Pretrained checkpoints in course_lib's own models: BERT in :class:`Encoder`, Llama in
+:class:`DecoderLM`.
 
 Nothing here re-implements the network. :func:`config_from_bert` translates Hugging Face's
 ``config.json`` into an :class:`EncoderConfig` (post-norm, GELU, learned absolute positions,
@@ -6,6 +7,11 @@ token types, LayerNorm on the embeddings); :func:`bert_weight_map` names the che
 that fill each of our parameters and :func:`load_bert_weights` copies them in;
 :func:`bert_module_pairs` pairs our submodules with ``BertModel``'s for the divergence locator.
 :func:`mean_pool` turns token vectors into a sentence vector.
+
+:func:`config_from_llama`, :func:`llama_weight_map` and :func:`load_llama_weights` do the same
+for a Hugging Face Llama (``LlamaForCausalLM``): RMSNorm, SwiGLU, grouped-query attention and
+RoPE, whose pairs of dimensions Hugging Face and course_lib order differently
+(:func:`rope_half_to_interleaved`).
 
 Reading a model folder, the tokenizer and the sentence-embedding wrapper are tooling:
 ``course_lib.course.bert_app`` (``load_pretrained_encoder()``).
@@ -32,7 +38,7 @@ from ._validate import (
     require_positive_number,
     shape_of,
 )
-from .models import Encoder, EncoderConfig
+from .models import DecoderConfig, DecoderLM, Encoder, EncoderConfig
 
 # Hugging Face's names for BERT's activations -> course_lib's. HF's "gelu" is the exact erf form.
 HIDDEN_ACTS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
@@ -172,7 +178,7 @@ def load_bert_weights(
     Returns:
         The names of the checkpoint tensors that were skipped on purpose.
     """
-    check_bert_weights(model, tensors)
+    check_weights(model, tensors, Encoder)
     by_name = {_standard_name(name): name for name in tensors}  # BERT's name -> the file's
     table = bert_weight_map(model.config.n_layers, token_types=model.config.type_vocab_size > 0)
     params = dict(model.named_parameters())
@@ -205,6 +211,157 @@ def load_bert_weights(
         for ours, value in values.items():
             params[ours].copy_(value)  # also converts e.g. float16 checkpoints to our dtype
     return skipped
+
+
+# A Llama config.json's sizes (integers >= 1), and the options course_lib's DecoderLM has
+LLAMA_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "intermediate_size", "max_position_embeddings")
+LLAMA_SUPPORTED = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+                   "rope_type": "default"}
+
+
+def config_from_llama(config: Mapping[str, Any], *, source: str = "config.json") -> DecoderConfig:
+    """Translate a Hugging Face Llama ``config.json`` (as a dict, e.g.
+    ``LlamaConfig.to_dict()``) into a :class:`DecoderConfig`.
+
+    Llama is a pre-norm decoder with RMSNorm, the SwiGLU feed-forward network, grouped-query
+    attention, RoPE and no biases; plain RoPE only (no ``rope_scaling``).
+
+    Returns:
+        The matching DecoderConfig (max_len = max_position_embeddings, layer_norm_eps =
+        rms_norm_eps, rope_theta from ``rope_parameters`` or the older top-level key).
+    """
+    check_llama_config(config, source)
+    rope = {**config, **(config.get("rope_parameters") or {})}  # rope_theta moved there in v5
+    return DecoderConfig(
+        vocab_size=config["vocab_size"], d_model=config["hidden_size"],
+        n_heads=config["num_attention_heads"], n_layers=config["num_hidden_layers"],
+        d_ff=config["intermediate_size"], max_len=config["max_position_embeddings"],
+        dropout=float(config.get("attention_dropout") or 0.0), norm_first=True,
+        positions="rope", layer_norm_eps=float(config["rms_norm_eps"]), bias=False,
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)), norm="rms",
+        ffn="swiglu", n_kv_heads=config["num_key_value_heads"],
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+    )
+
+
+def llama_weight_map(n_layers: int, *, tie_embeddings: bool = False) -> dict[str, tuple[str, ...]]:
+    """Which ``LlamaForCausalLM`` tensors fill each parameter of a Llama-style
+    :class:`DecoderLM` (built by :func:`config_from_llama`).
+
+    ``qkv_proj`` takes q_proj, k_proj and v_proj stacked as [W_q; W_k; W_v] (with GQA, W_k
+    and W_v have n_kv_heads * Dh rows each), and :func:`load_llama_weights` reorders the rows
+    of W_q and W_k for course_lib's RoPE; everything else is one to one, nothing transposed.
+
+    Args:
+        n_layers: L, the number of decoder blocks.
+        tie_embeddings: the output layer is the token embedding (no ``lm_head.weight`` of
+            its own).
+
+    Returns:
+        ``{our_name: (checkpoint_name, ...)}`` covering every parameter of the decoder.
+    """
+    check_positive_ints(n_layers=n_layers)
+    check_bools(tie_embeddings=tie_embeddings)
+    table = {"embeddings.token.weight": ("model.embed_tokens.weight",),
+             "final_norm.weight": ("model.norm.weight",)}
+    if not tie_embeddings:
+        table["lm_head.weight"] = ("lm_head.weight",)
+    for i in range(n_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        table |= {
+            f"{ours}attn_norm.weight": (f"{theirs}input_layernorm.weight",),
+            f"{ours}self_attn.qkv_proj.weight": tuple(
+                f"{theirs}self_attn.{name}_proj.weight" for name in ("q", "k", "v")),
+            f"{ours}self_attn.out_proj.weight": (f"{theirs}self_attn.o_proj.weight",),
+            f"{ours}ff_norm.weight": (f"{theirs}post_attention_layernorm.weight",),
+        }
+        table |= {f"{ours}ff.{name}_proj.weight": (f"{theirs}mlp.{name}_proj.weight",)
+                  for name in ("gate", "up", "down")}
+    return table
+
+
+def rope_half_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder the rows of a query or key projection, (H Dh, D), from Hugging Face Llama's
+    RoPE layout to course_lib's.
+
+    The classic bug of porting RoPE weights: Hugging Face's Llama rotates dimension i of each
+    head together with dimension i + Dh/2 (``rotate_half``); course_lib's
+    :func:`~course_lib.positions.apply_rope` rotates 2i with 2i + 1 (the RoPE paper's pairs,
+    as in GPT-J and Meta's original Llama code). Both turn pair i by p * theta_i, so moving
+    row i of every head to 2i and row i + Dh/2 to 2i + 1 makes our rotation compute theirs.
+    It is the inverse of the permutation in Hugging Face's ``convert_llama_weights_to_hf.py``
+    (Meta's layout to theirs). q and k move alike, so every q . k is unchanged; without it
+    the model loads without an error and computes something else. (Permuting the weights
+    once, rather than giving RoPE a second layout, keeps one rotation in course_lib.)
+
+    Args:
+        weight: W_q (H Dh, D) or W_k (Hkv Dh, D), or a bias (H Dh,), in Hugging Face's order.
+        n_heads: the heads it holds (H for W_q, Hkv for W_k).
+
+    Returns:
+        The same rows, course_lib's order.
+    """
+    check_positive_ints(n_heads=n_heads)
+    halves = weight.unflatten(0, (n_heads, 2, -1))  # (H, 2, Dh/2, ...): [first; second] halves
+    return halves.transpose(1, 2).flatten(0, 2)  # (H, Dh/2, 2, ...) -> (H Dh, ...): interleaved
+
+
+def load_llama_weights(model: DecoderLM, tensors: Mapping[str, torch.Tensor], *,
+                       source: str = "the checkpoint") -> list[str]:
+    """Copy a ``LlamaForCausalLM`` state dict (or safetensors file) into a Llama-style
+    :class:`DecoderLM`, checking everything before writing: every tensor used (or skipped on
+    purpose: RoPE's inv_freq buffer, a tied ``lm_head.weight``), every parameter filled,
+    every shape exact. W_q and W_k go through :func:`rope_half_to_interleaved`.
+
+    Args:
+        model: a DecoderLM built from the checkpoint's config (:func:`config_from_llama`).
+        tensors: checkpoint name -> tensor.
+        source: how to name the checkpoint in error messages.
+
+    Returns:
+        The names of the checkpoint tensors that were skipped on purpose.
+    """
+    check_weights(model, tensors, DecoderLM)
+    config = model.config
+    table = llama_weight_map(config.n_layers, tie_embeddings=config.tie_embeddings)
+    params = dict(model.named_parameters())
+    skipped = sorted(n for n in tensors if n.endswith("rotary_emb.inv_freq")
+                     or (config.tie_embeddings and n == "lm_head.weight"))
+    problems = _llama_problems(params, tensors, table, skipped)
+    if problems:
+        raise ValueError(f"cannot load {source} into the decoder: {'; '.join(problems)}")
+    n_kv_heads = config.n_kv_heads or config.n_heads
+    with torch.no_grad():
+        for ours, theirs in table.items():
+            parts = [tensors[name] for name in theirs]
+            if len(parts) == 3:  # [W_q; W_k; W_v], the rows of W_q and W_k in our RoPE pairs
+                parts[:2] = (rope_half_to_interleaved(parts[0], config.n_heads),
+                             rope_half_to_interleaved(parts[1], n_kv_heads))
+            params[ours].copy_(torch.cat(parts))  # (rows, D) or (D,)
+    return skipped
+
+
+def _llama_problems(params: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor],
+                    table: Mapping[str, tuple[str, ...]], skipped: Sequence[str]) -> list[str]:
+    """What keeps a checkpoint from filling these parameters: tensors missing, left over or
+    of the wrong shape, and parameters on either side that the table does not pair."""
+    used = {name for theirs in table.values() for name in theirs}
+    problems = [f"{what}: {_list(sorted(names))}" for what, names in (
+        ("missing tensors", used - set(tensors)),
+        ("unexpected tensors", set(tensors) - used - set(skipped)),
+        ("parameters with no Llama counterpart (not built by config_from_llama?)",
+         set(params) - set(table)),
+        ("weight-map names the model lacks", set(table) - set(params))) if names]
+    for ours, theirs in table.items():
+        if ours in params and all(name in tensors for name in theirs):
+            shape = tuple(params[ours].shape)
+            d, kv = shape[-1], (shape[0] - shape[-1]) // 2  # qkv_proj: D + 2 Hkv Dh rows
+            expected = [shape] if len(theirs) == 1 else [(d, d), (kv, d), (kv, d)]
+            got = [tuple(tensors[name].shape) for name in theirs]
+            if got != expected:
+                problems.append(f"{_list(theirs)} have shapes {got}; {ours} needs {expected}")
+    return problems
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -285,15 +442,38 @@ def check_layer_table(n_layers: object, token_types: object) -> None:
     check_bools(token_types=token_types)
 
 
-def check_bert_weights(model: object, tensors: object) -> None:
+def check_weights(model: object, tensors: object, expected: type) -> None:
+    """model a course_lib ``expected`` (Encoder for BERT, DecoderLM for Llama); tensors a
+    dict of name -> tensor."""
     if not checks_wanted():
         return
-    if not isinstance(model, Encoder):
-        raise TypeError(f"model must be a course_lib Encoder, got {type(model).__name__}")
+    if not isinstance(model, expected):
+        got = type(model).__name__
+        raise TypeError(f"model must be a course_lib {expected.__name__}, got {got}")
     ok = isinstance(tensors, Mapping) and all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items())
     if not ok:
         raise TypeError(f"tensors must be a dict of name -> tensor, got {tensors!r:.60}")
+
+
+def check_llama_config(config: object, source: str) -> None:
+    """config.json must describe a Llama that course_lib's DecoderLM can be: integer sizes,
+    SiLU, no biases, plain RoPE, head_dim = hidden_size / num_attention_heads."""
+    if not checks_wanted():
+        return
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict (parsed config.json), got {type(config).__name__}")
+    for key in LLAMA_SIZES:
+        require_int(f"{source}: {key!r}", config.get(key), minimum=1)
+    require_positive_number(f"{source}: 'rms_norm_eps'", config.get("rms_norm_eps"))
+    given = {**config, **(config.get("rope_scaling") or {}),
+             **(config.get("rope_parameters") or {})}  # rope_type and rope_theta, as in v5
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    given["head_dim"] = given.get("head_dim") or head_dim
+    for key, value in {**LLAMA_SUPPORTED, "head_dim": head_dim}.items():
+        if given.get(key, value) != value:
+            raise ValueError(f"{source}: {key!r} is {given[key]!r}, course_lib's Llama-style "
+                             f"DecoderLM needs {value!r}")
 
 
 def check_mean_pool(hidden: object, attention_mask: object) -> torch.Tensor:

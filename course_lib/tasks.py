@@ -1,5 +1,6 @@
 """Small synthetic tasks generated in code: copy and long-range recall for decoder-only
-models, and a toy translation with a known word alignment for encoder-decoders.
+models, a toy translation with a known word alignment for encoder-decoders, and BERT's
+masking rule for a masked language model.
 
 Shape legend: N examples, T sequence (or target) length, S source length.
 
@@ -18,11 +19,13 @@ import torch
 from ._validate import (
     check_id_list,
     check_positive_ints,
+    check_token_ids,
     checks_wanted,
     require_choice,
     require_generator,
     require_int,
     require_non_negative_int,
+    require_probability,
 )
 from .tokenizer import IGNORE_INDEX, Seq2SeqVocab
 
@@ -241,6 +244,38 @@ def word_order_task(
                                   rows["tgt_text"])
 
 
+def mask_tokens(
+    ids: torch.Tensor, *, mask_id: int, vocab_size: int, p: float = 0.15,
+    special_ids: Sequence[int] = (), generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's masking rule: select each position with probability ``p``; of the selected,
+    80% show ``mask_id``, 10% a random token, 10% stay as they are. The model must predict
+    the original token at every selected position, so it cannot tell from the input which
+    positions count, nor trust that an unmasked token is right.
+
+    Args:
+        ids: (B, T) token ids below ``vocab_size``.
+        mask_id: the [MASK] token's id (it may lie outside ``0..vocab_size-1``).
+        vocab_size: random replacements are drawn uniformly from ``0..vocab_size-1``.
+        p: the probability of selecting a position.
+        special_ids: ids never selected (padding, [CLS], [SEP]).
+        generator: a CPU torch.Generator, for a repeatable masking.
+
+    Returns:
+        ``(inputs, labels)``, both (B, T): the ids with the replacements, and the original id
+        at the selected positions, -100 elsewhere (what ``F.cross_entropy`` skips).
+    """
+    check_masking(ids, mask_id, vocab_size, p, special_ids, generator)
+    draw = torch.rand((3, *ids.shape), generator=generator).to(ids.device)  # (3, B, T)
+    keep = torch.isin(ids, torch.tensor(list(special_ids), dtype=ids.dtype, device=ids.device))
+    selected = (draw[0] < p) & ~keep  # (B, T)
+    labels = torch.where(selected, ids, IGNORE_INDEX)
+    random = torch.randint(vocab_size, ids.shape, generator=generator).to(ids.device)
+    inputs = torch.where(selected & (draw[1] < 0.8), mask_id, ids)  # 80%: [MASK]
+    inputs = torch.where(selected & (draw[1] >= 0.8) & (draw[2] < 0.5), random, inputs)  # 10%
+    return inputs, labels
+
+
 # --- argument checks
 
 
@@ -253,3 +288,16 @@ def check_randomness(generator: object, seed: object) -> None:
     require_generator("generator", generator)
     if seed is not None:
         require_int("seed", seed)
+
+
+def check_masking(ids: object, mask_id: object, vocab_size: object, p: object,
+                  special_ids: object, generator: object) -> None:
+    """What :func:`mask_tokens` takes."""
+    if not checks_wanted():
+        return
+    vocab_size = require_int("vocab_size", vocab_size, minimum=1)
+    check_token_ids("ids", ids, vocab_size)
+    require_non_negative_int("mask_id", mask_id)
+    require_probability("p", p)
+    check_id_list("special_ids", special_ids, vocab_size)
+    require_generator("generator", generator)

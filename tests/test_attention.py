@@ -670,3 +670,105 @@ def test_a_scale_that_is_not_a_number_is_a_type_error(scale):
 def test_a_positive_scale_still_works():
     out, weights = scaled_dot_product_attention(Q, Q, Q, scale=1 / math.sqrt(8))
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(Q, Q, Q))
+
+
+# ------------------------------------------------- grouped-query and multi-query attention
+
+
+def _reference_gqa(layer, x, context=None, causal=False):
+    """The layer's function written with torch's own GQA: q, k, v from the rows [W_q; W_k; W_v]
+    of qkv_proj, then F.scaled_dot_product_attention(..., enable_gqa=True)."""
+    d, kv_dim, dh = layer.d_model, layer.n_kv_heads * layer.d_head, layer.d_head
+    w, b = layer.qkv_proj.weight, layer.qkv_proj.bias
+    parts = [slice(0, d), slice(d, d + kv_dim), slice(d + kv_dim, d + 2 * kv_dim)]
+    sources = (x, x if context is None else context, x if context is None else context)
+    q, k, v = (F.linear(src, w[rows], None if b is None else b[rows])
+               for src, rows in zip(sources, parts, strict=True))
+    q, k, v = (t.unflatten(-1, (-1, dh)).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, Dh)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    return layer.out_proj(out.transpose(1, 2).flatten(-2))  # (B, T, D)
+
+
+@given(h=st.sampled_from([1, 2, 4, 8]), groups=st.sampled_from([1, 2, 4, 8]),
+       t=st.integers(1, 6), b=st.integers(1, 2), bias=st.booleans(), causal=st.booleans(),
+       cross=st.booleans(), seed=seed_st)
+def test_grouped_query_attention_matches_torch_sdpa_with_enable_gqa(h, groups, t, b, bias,
+                                                                    causal, cross, seed):
+    n_kv = max(h // groups, 1)
+    causal = causal and not cross
+    torch.manual_seed(seed)
+    layer = MultiHeadAttention(8 * h, h, bias=bias, n_kv_heads=n_kv).eval()
+    x = torch.randn(b, t, 8 * h)
+    context = torch.randn(b, t + 2, 8 * h) if cross else None
+    expected = _reference_gqa(layer, x, context, causal)
+    for return_weights in (False, True):
+        out, weights = layer(x, context, is_causal=causal, return_weights=return_weights)
+        torch.testing.assert_close(out, expected, **TOL)
+    assert weights.shape == (b, h, t, t + 2 if cross else t)  # one map per query head
+
+
+def test_grouped_query_attention_with_n_kv_heads_equal_to_n_heads_is_todays_attention():
+    torch.manual_seed(0)
+    today = MultiHeadAttention(32, 4, rope=True).eval()
+    torch.manual_seed(0)
+    gqa = MultiHeadAttention(32, 4, rope=True, n_kv_heads=4).eval()
+    assert gqa.qkv_proj.weight.shape == (96, 32)  # rows [W_q; W_k; W_v], 3D as before
+    x = torch.randn(2, 5, 32)
+    for return_weights in (False, True):
+        a, b = (m(x, is_causal=True, return_weights=return_weights)[0] for m in (today, gqa))
+        assert torch.equal(a, b)
+    assert repr(today) == repr(gqa)
+
+
+def test_grouping_is_what_matters_a_model_that_shares_no_heads_differs():
+    """The property the reference test relies on can fail: repeating kv heads in the wrong
+    order (tile instead of repeat_interleave) gives other outputs."""
+    torch.manual_seed(1)
+    layer = MultiHeadAttention(32, 4, n_kv_heads=2).eval()
+    x = torch.randn(1, 5, 32)
+    d = 32
+    w = layer.qkv_proj.weight
+    q = F.linear(x, w[:d], layer.qkv_proj.bias[:d]).unflatten(-1, (4, 8)).transpose(1, 2)
+    kv = F.linear(x, w[d:], layer.qkv_proj.bias[d:]).unflatten(-1, (4, 8)).transpose(1, 2)
+    k, v = kv[:, :2].repeat(1, 2, 1, 1), kv[:, 2:].repeat(1, 2, 1, 1)  # tiled: the wrong groups
+    wrong = layer.out_proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2))
+    assert not torch.allclose(layer(x)[0], wrong, atol=1e-4)
+
+
+def test_multi_query_attention_caches_one_key_and_value_head():
+    torch.manual_seed(2)
+    layer = MultiHeadAttention(32, 4, n_kv_heads=1, rope=True).eval()
+    assert layer.qkv_proj.weight.shape == (32 + 2 * 8, 32)  # W_q (D, D), W_k and W_v (Dh, D)
+    assert "n_kv_heads=1" in repr(layer)
+    x = torch.randn(2, 7, 32)
+    cache = LayerKVCache()
+    steps = [layer(x[:, a:c], is_causal=True, past_key_value=cache)[0]
+             for a, c in ((0, 3), (3, 4), (4, 7))]
+    torch.testing.assert_close(torch.cat(steps, 1), layer(x, is_causal=True)[0], **TOL)
+    assert cache.keys.shape == cache.values.shape == (2, 1, 7, 8)  # (B, Hkv, S, Dh)
+    _, weights = layer(x, is_causal=True, return_weights=True)
+    assert weights.shape == (2, 4, 7, 7)
+
+
+@given(t=st.integers(1, 9), cut=st.integers(0, 8), n_kv=st.sampled_from([1, 2]),
+       seed=seed_st)
+def test_grouped_query_attention_ignores_the_future(t, cut, n_kv, seed):
+    cut = min(cut, t - 1)
+    torch.manual_seed(seed)
+    layer = MultiHeadAttention(16, 4, n_kv_heads=n_kv, rope=True).eval()
+    x = torch.randn(1, t, 16)
+    changed = x.clone()
+    changed[:, cut + 1:] = torch.randn(1, t - cut - 1, 16)
+    a, b = layer(x, is_causal=True)[0], layer(changed, is_causal=True)[0]
+    torch.testing.assert_close(a[:, :cut + 1], b[:, :cut + 1], **TOL)
+
+
+@pytest.mark.parametrize(("n_kv_heads", "error", "match"), [
+    (3, ValueError, r"n_heads=4 is not divisible by n_kv_heads=3.*\[1, 2, 4\]"),
+    (8, ValueError, r"n_kv_heads=8"),
+    (0, ValueError, r"n_kv_heads .*>= 1.*got 0"),
+    (2.0, TypeError, r"n_kv_heads .*integer.*2\.0"),
+])
+def test_n_kv_heads_must_divide_n_heads_and_is_named(n_kv_heads, error, match):
+    with pytest.raises(error, match=match):
+        MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads)

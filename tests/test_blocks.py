@@ -165,3 +165,32 @@ def test_a_block_takes_one_layers_cache_not_the_whole_cache():
 def test_block_options_are_checked_by_name(call, error, name):
     with pytest.raises(error, match=rf"^{name} must be"):
         call()
+
+
+# ------------------------------------------------------------ the Llama-style decoder block
+
+
+def test_a_llama_style_decoder_block_is_causal_and_built_from_its_options():
+    torch.manual_seed(0)
+    block = DecoderBlock(16, 4, 24, norm="rms", ffn="swiglu", n_kv_heads=1, rope=True,
+                         bias=False, eps=1e-6, rope_theta=500.0).eval()
+    assert type(block.attn_norm) is type(block.ff_norm) is torch.nn.RMSNorm
+    assert block.ff_norm.eps == 1e-6 and block.self_attn.rotary.base == 500.0
+    assert block.ff.gate_proj.weight.shape == (24, 16) and block.ff.down_proj.bias is None
+    assert block.self_attn.qkv_proj.weight.shape == (16 + 2 * 4, 16)  # one key/value head
+    x = torch.randn(2, 6, 16)
+    changed = x.clone()
+    changed[:, 4:] += 1.0
+    a, b = block(x)[0], block(changed)[0]
+    torch.testing.assert_close(a[:, :4], b[:, :4])
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize(("options", "error", "match"), [
+    (dict(norm="batch"), ValueError, r"^norm .*'layer', 'rms'.*'batch'"),
+    (dict(ffn="moe"), ValueError, r"^ffn .*'mlp', 'swiglu'.*'moe'"),
+    (dict(n_kv_heads=3), ValueError, r"n_kv_heads=3"),
+])
+def test_a_decoder_block_names_a_bad_llama_option(options, error, match):
+    with pytest.raises(error, match=match):
+        DecoderBlock(16, 4, **options)

@@ -1,5 +1,6 @@
 """The key/value cache: LayerKVCache appends each call's keys and values, KVCache holds one per
-layer; a cache refuses keys of another batch or model, naming past_key_value."""
+layer; a cache refuses keys of another batch or model, naming past_key_value; its bytes, measured
+from its tensors, follow 2 * n_layers * n_kv_heads * Dh * bytes per element per token."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 
 from course_lib.attention import MultiHeadAttention
 from course_lib.cache import KVCache, LayerKVCache
+from course_lib.configs import DecoderConfig
+from course_lib.models import DecoderLM
 
 
 def test_a_layer_cache_appends_along_the_positions():
@@ -60,3 +63,21 @@ def test_kv_cache_layers_append_and_count():
     keys, values = cache.layer(1).update(k[:, :, :1], v[:, :, :1])
     assert keys.shape == (2, 3, 5, 5) and torch.equal(values[:, :, 4], v[:, :, 0])
     assert "KVCache(layers=2" in repr(cache)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])  # n_heads, n_heads / 2, 1 (multi-query)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cache_bytes_per_token_are_two_layers_kv_heads_head_dim_and_element_size(n_kv_heads,
+                                                                               dtype):
+    """Measured from the cached tensors: 2 (keys and values) * n_layers * Hkv * Dh * bytes
+    per element, per token and sequence; grouped-query attention divides it by H / Hkv."""
+    config = DecoderConfig(vocab_size=11, d_model=32, n_heads=4, n_layers=3, max_len=32,
+                           positions="rope", n_kv_heads=n_kv_heads)
+    model = DecoderLM(config).to(dtype).eval()
+    cache, batch, seq_len = KVCache(), 2, 9
+    assert cache.nbytes == 0
+    model(torch.randint(0, 11, (batch, 5)), past_key_values=cache)
+    model(torch.randint(0, 11, (batch, 4)), past_key_values=cache)
+    per_token = 2 * config.n_layers * n_kv_heads * (32 // 4) * torch.finfo(dtype).bits // 8
+    assert cache.nbytes == per_token * batch * seq_len
+    assert cache.layers[0].keys.shape == (batch, n_kv_heads, seq_len, 8)  # before the repeat

@@ -34,6 +34,13 @@ BAD_CONFIGS = [
      r"^activation .*'gelu'.*'swish'"),
     (lambda: DecoderConfig(vocab_size=5, positions="relative"), ValueError,
      r"^positions .*'rope'.*'relative'"),
+    # the Llama-style switches of a decoder
+    (lambda: DecoderConfig(vocab_size=5, norm="batch"), ValueError, r"^norm .*'rms'.*'batch'"),
+    (lambda: DecoderConfig(vocab_size=5, ffn="geglu"), ValueError, r"^ffn .*'swiglu'.*'geglu'"),
+    (lambda: DecoderConfig(vocab_size=5, n_heads=4, n_kv_heads=3), ValueError,
+     r"^n_heads=4 is not divisible by n_kv_heads=3"),
+    (lambda: DecoderConfig(vocab_size=5, n_kv_heads=0), ValueError, r"^n_kv_heads .*>= 1"),
+    (lambda: DecoderConfig(vocab_size=5, rope_theta=0.0), ValueError, r"^rope_theta .*> 0"),
     (lambda: EncoderConfig(vocab_size=5, norm_first="yes"), TypeError,
      r"^norm_first must be True or False.*'yes'"),
     # a pad_id outside the vocabulary
@@ -84,3 +91,13 @@ def test_numpy_integers_are_sizes_and_ids_too():
     config = DecoderConfig(vocab_size=np.int64(7), d_model=np.int64(8), n_heads=np.int64(2),
                            pad_id=np.int64(0))
     assert config.pad_id == 0 and config.d_model % config.n_heads == 0
+
+
+def test_the_llama_switches_default_to_the_gpt_style_decoder():
+    config = DecoderConfig(vocab_size=5)
+    assert (config.norm, config.ffn, config.n_kv_heads, config.rope_theta) == \
+        ("layer", "mlp", None, 10000.0)
+    llama = DecoderConfig(vocab_size=5, norm="rms", ffn="swiglu", n_kv_heads=1, rope_theta=5e5,
+                          positions="rope", bias=False)
+    assert "norm='rms', ffn='swiglu', n_kv_heads=1, rope_theta=500000.0" in repr(llama)
+    assert not hasattr(EncoderConfig(vocab_size=5), "norm")  # the encoder's repr is unchanged

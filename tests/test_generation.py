@@ -251,23 +251,32 @@ def test_integer_source_masks_give_the_boolean_masks_tokens():
 # ------------------------------------------------------------------------- the KV cache
 
 
-@pytest.mark.parametrize("positions", POSITIONS)
-def test_cached_logits_equal_the_full_forward_pass(positions):
+# grouped-query attention: 2 key/value heads for 4 query heads; 1 (multi-query) with RoPE
+GQA = [("rope", 2), ("rope", 1), ("learned", 2), ("alibi", 1)]
+LLAMA_STYLE = dict(norm="rms", ffn="swiglu", bias=False)
+
+
+@pytest.mark.parametrize("positions, n_kv_heads",
+                         [(p, None) for p in POSITIONS] + GQA)
+def test_cached_logits_equal_the_full_forward_pass(positions, n_kv_heads):
     """A 4-token prompt, then 1 token, then 5 at once: the same logits as one pass."""
-    model = _gpt(positions)
+    model = _gpt(positions, n_kv_heads=n_kv_heads)
     ids = torch.randint(0, 23, (3, 10), generator=torch.Generator().manual_seed(1))
     cache = KVCache()
     pieces = [model(ids[:, a:b], past_key_values=cache).logits for a, b in ((0, 4), (4, 5),
                                                                              (5, 10))]
     torch.testing.assert_close(torch.cat(pieces, 1), model(ids).logits, atol=2e-6, rtol=1e-5)
     assert cache.get_seq_length() == 10 and len(cache) == 3
-    assert cache.layers[2].keys.shape == (3, 4, 10, 8)  # (B, H, S, Dh)
+    assert cache.layers[2].keys.shape == (3, n_kv_heads or 4, 10, 8)  # (B, Hkv, S, Dh)
 
 
-@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("positions, n_kv_heads, style",
+                         [(p, None, {}) for p in POSITIONS]
+                         + [("rope", 2, {}), ("rope", 1, {}), ("rope", 2, LLAMA_STYLE)])
 @pytest.mark.parametrize("prompt_len", [1, 5])
-def test_cached_generation_gives_exactly_the_uncached_tokens(positions, prompt_len):
-    model = _gpt(positions)  # max_len 16: 30 new tokens run past the context
+def test_cached_generation_gives_exactly_the_uncached_tokens(positions, n_kv_heads, style,
+                                                             prompt_len):
+    model = _gpt(positions, n_kv_heads=n_kv_heads, **style)  # max_len 16: 30 tokens run past it
     prompt = torch.randint(0, 23, (2, prompt_len), generator=torch.Generator().manual_seed(2))
     for sampling in ({"temperature": 0}, {"temperature": 1.0}, {"top_k": 5, "top_p": 0.8}):
         runs = [generate(model, prompt, 30, use_cache=use_cache,

@@ -1,5 +1,7 @@
 """course_lib.layers: LayerNorm (the teaching path and torch's fused one), RMSNorm (against
-torch.nn.RMSNorm and F.rms_norm), FeedForward, and their argument checks."""
+torch.nn.RMSNorm and F.rms_norm), FeedForward, SwiGLU (against Hugging Face's LlamaMLP with
+copied weights; position-wise), the norm and feed-forward factories, and their argument
+checks."""
 
 from __future__ import annotations
 
@@ -16,7 +18,16 @@ from torch import nn
 
 from course_lib._validate import inputs_checked
 from course_lib.configs import DecoderConfig
-from course_lib.layers import FeedForward, LayerNorm, RMSNorm, layer_norm, rms_norm
+from course_lib.layers import (
+    FeedForward,
+    LayerNorm,
+    RMSNorm,
+    SwiGLU,
+    layer_norm,
+    make_feed_forward,
+    make_norm,
+    rms_norm,
+)
 from course_lib.models import DecoderLM
 
 
@@ -296,3 +307,69 @@ def test_modules_check_inputs_unless_a_library_caller_has(module):
         module(x)
     with inputs_checked():
         assert module(x).shape == (3, 8)  # no check: torch promotes to float64
+
+
+# ------------------------------------------------------------------------------- SwiGLU
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_matches_hugging_face_llama_mlp(bias):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    torch.manual_seed(0)
+    reference = LlamaMLP(LlamaConfig(hidden_size=24, intermediate_size=40, num_attention_heads=4,
+                                    num_key_value_heads=4, mlp_bias=bias))
+    ours = SwiGLU(24, 40, bias=bias)
+    assert set(ours.state_dict()) == set(reference.state_dict())  # the same names
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(3, 5, 24) * 3
+    torch.testing.assert_close(ours(x), reference(x), atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(FeedForward(24, 40, activation="gelu")(x), reference(x))
+
+
+@given(t=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_swiglu_is_position_wise(t, seed):
+    """Each position's output depends on that position only: a shuffle of positions shuffles
+    the output, and position 0 alone gives its row."""
+    torch.manual_seed(seed)
+    ff, x = SwiGLU(8, 12, bias=True), torch.randn(2, t, 8)
+    order = torch.randperm(t)
+    torch.testing.assert_close(ff(x)[:, order], ff(x[:, order]))
+    torch.testing.assert_close(ff(x)[:, :1], ff(x[:, :1]))
+
+
+def test_swiglu_defaults_and_dropout():
+    ff = SwiGLU(8)
+    assert ff.gate_proj.weight.shape == ff.up_proj.weight.shape == (32, 8)  # F = 4 D
+    assert ff.down_proj.bias is None  # Llama's projections have no biases
+    noisy = SwiGLU(8, dropout=0.5).train()
+    x = torch.randn(4, 8)
+    assert not torch.equal(noisy(x), noisy.eval()(x))
+
+
+def test_the_factories_build_the_named_kind_and_refuse_others():
+    assert type(make_norm("layer", 8, eps=1e-6)) is nn.LayerNorm
+    rms = make_norm("rms", 8, eps=1e-6)
+    assert type(rms) is nn.RMSNorm and rms.eps == 1e-6 and rms.weight.shape == (8,)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(rms(x), rms_norm(x, eps=1e-6))
+    assert type(make_feed_forward("swiglu", 8, 16)) is SwiGLU
+    mlp = make_feed_forward("mlp", 8, 16, activation="gelu", bias=False)
+    assert type(mlp) is FeedForward and mlp.activation_name == "gelu" and mlp.fc1.bias is None
+    with pytest.raises(ValueError, match=r"norm must be one of 'layer', 'rms'; got 'batch'"):
+        make_norm("batch", 8)
+    with pytest.raises(ValueError, match=r"ffn must be one of 'mlp', 'swiglu'; got 'glu'"):
+        make_feed_forward("glu", 8)
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda: SwiGLU(0), ValueError, r"d_model .*>= 1"),
+    (lambda: SwiGLU(8, 2.5), TypeError, r"d_ff .*integer"),
+    (lambda: SwiGLU(8, bias=1), TypeError, r"bias must be True or False"),
+    (lambda: SwiGLU(8)(torch.randn(2, 6)), ValueError, r"x .*\(2, 6\)"),
+    (lambda: SwiGLU(8)(torch.ones(2, 8, dtype=torch.long)), ValueError, r"x .*int64"),
+])
+def test_swiglu_names_a_bad_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -463,3 +464,147 @@ def test_forward_hooks_still_see_every_inner_module():
     for i in range(2):
         assert {f"blocks.{i}.self_attn", f"blocks.{i}.ff", f"blocks.{i}.attn_norm",
                 f"blocks.{i}.ff_norm"} <= set(seen)
+
+
+# --- the masked-language-model head (BERT's), against Hugging Face's BertForMaskedLM
+
+
+def _hf_masked_lm():
+    """A tiny random transformers.BertForMaskedLM, every weight moved off its initial value,
+    and our MaskedLM holding the same tensors (the encoder through course_lib.pretrained's
+    BERT weight map, the head's five tensors by name)."""
+    transformers = pytest.importorskip("transformers")
+    from course_lib.models import MaskedLM
+    from course_lib.pretrained import config_from_bert, load_bert_weights
+
+    torch.manual_seed(0)
+    hf = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=53, hidden_size=24, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=40, max_position_embeddings=16, type_vocab_size=2,
+        layer_norm_eps=1e-7, hidden_act="gelu_new")).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    tensors = hf.state_dict()
+    ours = MaskedLM(config_from_bert(hf.config.to_dict())).eval()
+    load_bert_weights(ours.encoder, tensors)
+    head = {"head_dense.weight": "cls.predictions.transform.dense.weight",
+            "head_dense.bias": "cls.predictions.transform.dense.bias",
+            "head_norm.weight": "cls.predictions.transform.LayerNorm.weight",
+            "head_norm.bias": "cls.predictions.transform.LayerNorm.bias",
+            "lm_head.bias": "cls.predictions.bias"}
+    with torch.no_grad():
+        for name, theirs in head.items():
+            ours.get_parameter(name).copy_(tensors[theirs])
+    return hf, ours
+
+
+def test_masked_lm_equals_hugging_face_bert_for_masked_lm():
+    hf, ours = _hf_masked_lm()
+    torch.manual_seed(1)
+    ids = torch.randint(0, 53, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[1, 5:], mask[2, 2:] = False, False  # two padded rows
+    types = torch.zeros_like(ids)
+    types[0, 4:] = 1  # a sentence pair
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask.long(), token_type_ids=types).logits
+        mine = ours(ids, attention_mask=mask, token_type_ids=types).logits  # (B, T, V)
+    assert mine.shape == (3, 9, 53)
+    torch.testing.assert_close(mine[mask], theirs[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_masked_lm_loss_equals_hugging_face_loss_on_the_labelled_positions_only():
+    hf, ours = _hf_masked_lm()
+    torch.manual_seed(2)
+    ids = torch.randint(0, 53, (2, 8))
+    labels = torch.full_like(ids, -100)
+    labels[0, 1], labels[1, 3], labels[1, 6] = 5, 7, 11
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, labels=labels)
+        mine = ours(ids, targets=labels)
+    torch.testing.assert_close(mine.loss, theirs.loss, atol=1e-5, rtol=1e-5)
+    picked = mine.logits[labels != -100]  # (3, V): only these three positions count
+    torch.testing.assert_close(mine.loss, F.cross_entropy(picked, labels[labels != -100]))
+
+
+def test_masked_lm_output_layer_is_tied_to_the_token_embedding():
+    from course_lib.models import MaskedLM
+
+    model = MaskedLM(EncoderConfig(vocab_size=30, d_model=16, n_heads=2, n_layers=1,
+                                   max_len=8))
+    assert model.lm_head.weight is model.encoder.embeddings.token.weight  # one storage
+    assert model.lm_head.bias.shape == (30,)
+    # encoder + dense D->D + LayerNorm + output bias; the (V, D) matrix counted once
+    head = 16 * 16 + 16 + 2 * 16 + 30
+    assert count_parameters(model) == count_parameters(model.encoder) + head
+    model(torch.randint(0, 30, (1, 5)), targets=torch.randint(0, 30, (1, 5))).loss.backward()
+    assert model.encoder.embeddings.token.weight.grad is model.lm_head.weight.grad
+
+
+def test_masked_lm_bad_arguments_name_the_argument():
+    from course_lib.models import MaskedLM
+
+    model = MaskedLM(EncoderConfig(vocab_size=30, d_model=16, n_heads=2, n_layers=1,
+                                   max_len=8))
+    with pytest.raises(TypeError, match="EncoderConfig"):
+        MaskedLM(DecoderConfig(vocab_size=30, d_model=16, n_heads=2, n_layers=1, max_len=8))
+    with pytest.raises(ValueError, match="targets"):
+        model(torch.randint(0, 30, (2, 5)), targets=torch.randint(0, 30, (2, 4)))
+    with pytest.raises(ValueError, match="ids"):
+        model(torch.randint(0, 31, (2, 5)) + 30)
+
+
+# --------------------------------------------------------- the Llama-style decoder switches
+
+
+def test_default_switches_build_the_same_decoder_bit_for_bit():
+    """Spelling out the defaults (norm, ffn, n_kv_heads, rope_theta) changes nothing: the same
+    parameters from the same seed, the same logits exactly."""
+    kw = dict(vocab_size=13, d_model=16, n_heads=4, n_layers=2, positions="rope")
+    torch.manual_seed(0)
+    plain = DecoderLM(DecoderConfig(**kw)).eval()
+    torch.manual_seed(0)
+    spelled = DecoderLM(DecoderConfig(**kw, norm="layer", ffn="mlp", n_kv_heads=4,
+                                      rope_theta=10000.0)).eval()
+    assert plain.state_dict().keys() == spelled.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(),
+                                                  spelled.state_dict().values(), strict=True))
+    ids = torch.randint(0, 13, (2, 7))
+    assert torch.equal(plain(ids).logits, spelled(ids).logits)
+    assert type(plain.final_norm) is torch.nn.LayerNorm
+
+
+def test_a_llama_style_decoder_picks_its_norms_and_feed_forward_from_the_config():
+    config = DecoderConfig(vocab_size=13, d_model=16, n_heads=4, n_layers=2, positions="rope",
+                           norm="rms", ffn="swiglu", n_kv_heads=2, rope_theta=500.0, bias=False)
+    model = DecoderLM(config)
+    block = model.blocks[0]
+    assert type(block.attn_norm) is type(block.ff_norm) is type(model.final_norm) \
+        is torch.nn.RMSNorm
+    assert type(block.ff).__name__ == "SwiGLU" and block.self_attn.n_kv_heads == 2
+    assert block.self_attn.rotary.base == 500.0
+    parts = parameter_breakdown(model)
+    assert sum(parts.values()) == count_parameters(model) and parts["feed-forward"] == \
+        2 * 3 * 16 * 64
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_llama_style_parameter_counts_on_meta_equal_hugging_face_llama(n_kv_heads):
+    """count_parameters works without allocating (device "meta"), and a Llama-style DecoderLM
+    has exactly as many parameters as transformers' LlamaForCausalLM of the same sizes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sizes = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=n_kv_heads, intermediate_size=96, tie_word_embeddings=False)
+    config = DecoderConfig(vocab_size=97, d_model=64, n_heads=4, n_layers=2, d_ff=96,
+                           positions="rope", bias=False, tie_embeddings=False, norm="rms",
+                           ffn="swiglu", n_kv_heads=n_kv_heads)
+    with torch.device("meta"):
+        ours = DecoderLM(config)
+        theirs = LlamaForCausalLM(LlamaConfig(**sizes))
+    assert ours.lm_head.weight.is_meta
+    assert count_parameters(ours) == count_parameters(theirs)
+    d_head = 16  # W_k and W_v shrink with the key/value heads
+    attention = 2 * (2 * 64 * 64 + 2 * n_kv_heads * d_head * 64)  # 2 layers: W_q, W_o, W_k, W_v
+    assert parameter_breakdown(ours)["attention"] == attention

@@ -2,7 +2,10 @@
 from the same weights (hidden states and attention maps), loaded offline from the same local
 folder, also for a second, randomly initialised BERT of other sizes saved by transformers
 itself; mean_pool (against sentence-transformers' pooling), config_from_bert, the weight map
-and load_bert_weights with their error messages."""
+and load_bert_weights with their error messages. A tiny random Llama (transformers'
+LlamaForCausalLM, grouped-query attention) in our DecoderLM: logits, an incremental cached step
+and greedy generation equal Hugging Face's; copying without reordering the RoPE pairs gives
+other logits; config_from_llama, llama_weight_map and load_llama_weights with their errors."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from course_lib.configs import DecoderConfig  # noqa: E402
+from course_lib.cache import KVCache  # noqa: E402
+from course_lib.configs import DecoderConfig, EncoderConfig  # noqa: E402
 from course_lib.course.bert_app import (  # noqa: E402
     PretrainedEncoder,
     default_model_dir,
@@ -33,8 +37,12 @@ from course_lib.models import DecoderLM, Encoder  # noqa: E402
 from course_lib.pretrained import (  # noqa: E402
     bert_weight_map,
     config_from_bert,
+    config_from_llama,
+    llama_weight_map,
     load_bert_weights,
+    load_llama_weights,
     mean_pool,
+    rope_half_to_interleaved,
 )
 
 ATOL = 1e-4
@@ -384,3 +392,160 @@ def test_checkpoint_of_the_wrong_kind():
                                          r"torch\.int64, but embeddings\.token\.weight .*"
                                          r"floating-point"):
         load_bert_weights(model, tensors)
+
+
+# ----------------------------------------------------------------------------------- Llama
+
+LLAMA = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=96, rope_theta=10000.0, rms_norm_eps=1e-6,
+             tie_word_embeddings=False, max_position_embeddings=64, bos_token_id=None,
+             eos_token_id=None, initializer_range=0.2)  # large weights: far from uniform
+LLAMA_TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def _llama_pair(seed: int = 0, **overrides):
+    """transformers' LlamaForCausalLM with seeded random weights, and our DecoderLM built from
+    its config with its weights copied in."""
+    torch.manual_seed(seed)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**(LLAMA | overrides))).eval()
+    ours = DecoderLM(config_from_llama(hf.config.to_dict())).eval()
+    skipped = load_llama_weights(ours, hf.state_dict())
+    assert skipped == (["lm_head.weight"] if hf.config.tie_word_embeddings else [])
+    return hf, ours
+
+
+def _ids(batch=2, length=12, seed=1):
+    return torch.randint(0, LLAMA["vocab_size"], (batch, length),
+                         generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 4},
+                                       {"num_key_value_heads": 1},
+                                       {"tie_word_embeddings": True, "rope_theta": 500.0}],
+                         ids=["gqa", "mha", "mqa", "tied-theta500"])
+def test_our_decoder_with_llama_weights_gives_hugging_faces_logits(overrides):
+    hf, ours = _llama_pair(**overrides)
+    ids = _ids()
+    with torch.no_grad():
+        expected = hf(ids).logits
+        torch.testing.assert_close(ours(ids).logits, expected, **LLAMA_TOL)
+    assert expected.std() > 0.5  # logits far from constant: a wrong model shows
+
+
+def test_a_cached_step_and_the_cache_itself_match_hugging_faces():
+    hf, ours = _llama_pair()
+    ids = _ids(length=11)
+    cache = KVCache()
+    with torch.no_grad():
+        theirs = hf(ids[:, :8], use_cache=True)
+        step = hf(ids[:, 8:], past_key_values=theirs.past_key_values, use_cache=True).logits
+        ours(ids[:, :8], past_key_values=cache)
+        torch.testing.assert_close(ours(ids[:, 8:], past_key_values=cache).logits, step,
+                                   **LLAMA_TOL)
+    for layer, hf_layer in zip(cache.layers, theirs.past_key_values.layers, strict=True):
+        assert layer.values.shape == (2, 2, 11, 16)  # (B, Hkv, S, Dh), before the repeat
+        torch.testing.assert_close(layer.values, hf_layer.values, **LLAMA_TOL)
+        # keys: the same numbers, with each head's dimensions in our RoPE pair order
+        hf_keys = rope_half_to_interleaved(hf_layer.keys.movedim(-1, 0), 1).movedim(0, -1)
+        torch.testing.assert_close(layer.keys, hf_keys, **LLAMA_TOL)
+
+
+@pytest.mark.parametrize("n_kv_heads", [2, 1])
+def test_greedy_generation_gives_hugging_faces_tokens(n_kv_heads):
+    hf, ours = _llama_pair(seed=3, num_key_value_heads=n_kv_heads)
+    prompt = _ids(length=5, seed=4)
+    with torch.no_grad():
+        expected = hf.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    for use_cache in (True, False):
+        assert torch.equal(ours.generate(prompt, 10, temperature=0, use_cache=use_cache),
+                           expected)
+
+
+def test_copying_without_reordering_the_rope_pairs_gives_other_logits():
+    """The classic bug: every tensor has the right shape, the model loads and runs, and
+    computes something else, because Hugging Face's Llama pairs dimension i with i + Dh/2
+    and course_lib's RoPE pairs 2i with 2i + 1."""
+    hf, ours = _llama_pair()
+    naive = DecoderLM(ours.config).eval()
+    state, params = hf.state_dict(), dict(naive.named_parameters())
+    with torch.no_grad():
+        for name, theirs in llama_weight_map(2).items():
+            params[name].copy_(torch.cat([state[n] for n in theirs]))  # no reordering
+        ids = _ids()
+        expected, wrong = hf(ids).logits, naive(ids).logits
+    assert (wrong - expected).abs().max() > 0.1
+    torch.testing.assert_close(ours(ids).logits, expected, **LLAMA_TOL)
+
+
+def test_the_reordering_undoes_hugging_faces_conversion_from_metas_layout():
+    """``permute`` of transformers' convert_llama_weights_to_hf.py takes Meta's interleaved
+    pairs to Hugging Face's halves; ours takes them back, for weights and biases alike."""
+    def hf_permute(w, n_heads, dim1, dim2):  # as in the conversion script
+        return w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+
+    meta = torch.randn(4 * 16, 64)
+    assert torch.equal(rope_half_to_interleaved(hf_permute(meta, 4, 64, 64), 4), meta)
+    bias = torch.arange(8.0)  # one head of Dh = 8: halves [0..3], [4..7] -> pairs (0, 4), ...
+    assert rope_half_to_interleaved(bias, 1).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def test_config_from_llama_builds_a_llama_style_decoder_config():
+    config = config_from_llama(transformers.LlamaConfig(**LLAMA).to_dict())
+    assert (config.d_model, config.n_heads, config.n_kv_heads, config.n_layers, config.d_ff,
+            config.max_len) == (64, 4, 2, 2, 96, 64)
+    assert (config.norm, config.ffn, config.positions, config.bias, config.norm_first,
+            config.tie_embeddings) == ("rms", "swiglu", "rope", False, True, False)
+    assert config.layer_norm_eps == 1e-6 and config.rope_theta == 10000.0
+    old_style = {k: v for k, v in LLAMA.items() if k != "rope_theta"} | {"rope_theta": 5e5}
+    assert config_from_llama(old_style | {"hidden_act": "silu"}).rope_theta == 5e5
+
+
+LLAMA_DICT = transformers.LlamaConfig(**LLAMA).to_dict()
+
+
+@pytest.mark.parametrize(("config", "error", "match"), [
+    ("not a dict", TypeError, r"config must be a dict"),
+    ({k: v for k, v in LLAMA_DICT.items() if k != "num_key_value_heads"}, TypeError,
+     r"config\.json: 'num_key_value_heads' .*integer.*None"),
+    (LLAMA_DICT | {"hidden_act": "gelu"}, ValueError, r"'hidden_act' is 'gelu'.*'silu'"),
+    (LLAMA_DICT | {"attention_bias": True}, ValueError, r"'attention_bias' is True.*False"),
+    (LLAMA_DICT | {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, ValueError,
+     r"'rope_type' is 'linear'.*'default'"),
+    (LLAMA_DICT | {"head_dim": 32}, ValueError, r"'head_dim' is 32.*16"),
+    (LLAMA_DICT | {"num_key_value_heads": 3}, ValueError, r"n_kv_heads=3"),
+])
+def test_config_from_llama_names_what_it_cannot_build(config, error, match):
+    with pytest.raises(error, match=match):
+        config_from_llama(config)
+
+
+def test_load_llama_weights_checks_everything_before_writing():
+    hf, ours = _llama_pair()
+    state = dict(hf.state_dict())
+    before = {n: p.clone() for n, p in ours.named_parameters()}
+    broken = {k: v for k, v in state.items() if k != "model.norm.weight"}
+    broken["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(64, 64)
+    broken["model.extra.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match=r"(?s)missing tensors: 'model\.norm\.weight'.*"
+                       r"unexpected tensors: 'model\.extra\.weight'.*k_proj.*\(64, 64\).*"
+                       r"\(32, 64\)"):
+        load_llama_weights(ours, broken, source="ckpt")
+    assert all(torch.equal(p, before[n]) for n, p in ours.named_parameters())  # untouched
+    gpt = DecoderLM(DecoderConfig(vocab_size=97, d_model=64, n_heads=4, n_layers=2))
+    with pytest.raises(ValueError, match=r"parameters with no Llama counterpart.*"
+                       r"'blocks\.0\.ff\.fc1\.weight'.*weight-map names the model lacks"):
+        load_llama_weights(gpt, state)
+    with pytest.raises(TypeError, match=r"model must be a course_lib DecoderLM, got Encoder"):
+        load_llama_weights(Encoder(EncoderConfig(vocab_size=97)), state)
+    with pytest.raises(TypeError, match=r"tensors must be a dict of name -> tensor"):
+        load_llama_weights(ours, list(state.values()))
+
+
+def test_the_llama_weight_map_names_its_options():
+    assert "lm_head.weight" not in llama_weight_map(1, tie_embeddings=True)
+    assert llama_weight_map(1)["blocks.0.self_attn.qkv_proj.weight"] == tuple(
+        f"model.layers.0.self_attn.{n}_proj.weight" for n in "qkv")
+    with pytest.raises(ValueError, match=r"n_layers .*>= 1"):
+        llama_weight_map(0)
+    with pytest.raises(TypeError, match=r"tie_embeddings must be True or False"):
+        llama_weight_map(2, tie_embeddings="no")

@@ -188,3 +188,70 @@ def test_tasks_feed_the_models():
     ))
     out = seq2seq(words.src, words.tgt_in, targets=words.tgt_out)
     assert out.logits.shape == (*words.tgt_in.shape, vocab.vocab_size) and torch.isfinite(out.loss)
+
+
+# --- BERT's masking rule
+
+
+def _binomial_ok(count: int, n: int, p: float, sigmas: float = 5.0) -> bool:
+    """``count`` successes of ``n`` trials within ``sigmas`` standard deviations of n p."""
+    return abs(count - n * p) <= sigmas * (n * p * (1 - p)) ** 0.5
+
+
+def test_mask_tokens_follows_the_80_10_10_rule():
+    from course_lib.tasks import mask_tokens
+
+    V, mask_id = 40, 40
+    ids = torch.randint(0, V, (400, 250), generator=torch.Generator().manual_seed(0))
+    inputs, labels = mask_tokens(ids, mask_id=mask_id, vocab_size=V,
+                                 generator=torch.Generator().manual_seed(1))
+    selected = labels != IGNORE_INDEX
+    n, n_sel = ids.numel(), int(selected.sum())
+    assert _binomial_ok(n_sel, n, 0.15)
+    shown_mask = int((inputs[selected] == mask_id).sum())
+    kept = int((inputs[selected] == ids[selected]).sum())
+    other = n_sel - shown_mask - kept
+    assert _binomial_ok(shown_mask, n_sel, 0.8)
+    assert _binomial_ok(other, n_sel, 0.1 * (1 - 1 / V))  # a random draw may hit the original
+    assert _binomial_ok(kept, n_sel, 0.1 + 0.1 / V)
+    assert torch.equal(labels[selected], ids[selected])  # the original token is the answer
+    assert torch.equal(inputs[~selected], ids[~selected])  # nothing else changes
+    assert int(inputs[selected].max()) <= mask_id and int(inputs[inputs != mask_id].max()) < V
+
+
+def test_mask_tokens_never_selects_special_ids_and_is_repeatable():
+    from course_lib.tasks import mask_tokens
+
+    ids = torch.randint(0, 10, (50, 60), generator=torch.Generator().manual_seed(2))
+    ids[:, -10:] = 0  # padding
+    first = mask_tokens(ids, mask_id=10, vocab_size=10, p=0.5, special_ids=[0, 1],
+                        generator=torch.Generator().manual_seed(3))
+    again = mask_tokens(ids, mask_id=10, vocab_size=10, p=0.5, special_ids=[0, 1],
+                        generator=torch.Generator().manual_seed(3))
+    inputs, labels = first
+    assert torch.equal(inputs, again[0]) and torch.equal(labels, again[1])
+    special = (ids == 0) | (ids == 1)
+    assert bool((labels[special] == IGNORE_INDEX).all())
+    assert torch.equal(inputs[special], ids[special])
+    assert _binomial_ok(int((labels != IGNORE_INDEX).sum()), int((~special).sum()), 0.5)
+    none = mask_tokens(ids, mask_id=10, vocab_size=10, p=0.0)[1]
+    assert bool((none == IGNORE_INDEX).all())
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(ids=torch.zeros(4, dtype=torch.long)), ValueError, "ids"),
+    (dict(ids=torch.full((2, 3), 12)), ValueError, "ids"),
+    (dict(ids=torch.zeros(2, 3)), ValueError, "ids must hold token ids"),
+    (dict(mask_id=-1), ValueError, "mask_id"),
+    (dict(p=1.5), ValueError, "p must"),
+    (dict(special_ids=[99]), ValueError, "special_ids"),
+    (dict(generator=3), TypeError, "generator"),
+    (dict(vocab_size=0), ValueError, "vocab_size"),
+])
+def test_mask_tokens_bad_arguments(kwargs, error, match):
+    from course_lib.tasks import mask_tokens
+
+    args = dict(ids=torch.zeros(2, 3, dtype=torch.long), mask_id=10, vocab_size=10)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        mask_tokens(args.pop("ids"), **args)
