@@ -8,9 +8,11 @@ import torch
 
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch01 import (
+    check_additive_attention,
     check_elman_forward,
     check_elman_step,
     check_gradient_norms,
+    check_gradient_ratio_prediction,
 )
 
 # --------------------------------------------------------------------------------- elman_step
@@ -57,7 +59,8 @@ WRONG_STEPS = {
     "no bias": (lambda x, h, W, U, b: torch.tanh(h @ W.T + x @ U.T), "missing the bias"),
     # swapping W and U only fits the shapes when Din = H; elsewhere it raises, with the hint
     "W and U swapped": (lambda x, h, W, U, b: torch.tanh(x @ W.T + h @ U.T + b),
-                        r"raised RuntimeError.*Hint: W has shape \(H, H\) and multiplies the previous state"),
+                        r"raised RuntimeError.*Hint: W has shape \(H, H\) "
+                        r"and multiplies the previous state"),
     "W and U swapped, shapes adjusted": (
         lambda x, h, W, U, b: torch.tanh(x @ W.T + h @ U.T + b) if x.shape[-1] == h.shape[-1]
         else torch.tanh(h @ W.T + x @ U.T + b),
@@ -159,7 +162,17 @@ def _forward_with(step):
     return fn
 
 
+def forward_first_axis(x, h0, W, U, b):
+    # the planted bug of exercise 1.2: right for one sequence, wrong for a batch
+    h, states = h0, []
+    for t in range(len(x)):
+        h = torch.tanh(h @ W.T + x[t] @ U.T + b)
+        states.append(h)
+    return torch.stack(states, dim=-2)
+
+
 WRONG_FORWARDS = {
+    "the planted bug: x[t] steps over the batch": (forward_first_axis, "first axis of x"),
     "includes h0": (_wrong_forward(include_h0=True), r"starts with h0 and so has T \+ 1"),
     "stores before updating": (_wrong_forward(store_before=True), "shifted by one step"),
     "only the final state": (lambda x, h0, W, U, b: forward_with_steps(x, h0, W, U, b)[..., -1, :],
@@ -312,4 +325,175 @@ def test_gradient_norms_check_leaves_the_global_random_stream_alone():
     expected = torch.rand(3)
     torch.manual_seed(123)
     check_gradient_norms(norms_autograd)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_elman_forward_failure_names_the_instrument():
+    with pytest.raises(CheckFailure, match="equality with the reference.*elman_forward"):
+        check_elman_forward(forward_first_axis)
+
+
+# ------------------------------------------------------------- gradient ratio (predict, verify)
+
+RIGHT = {0.5: "vanishes", 1.0: "vanishes", 3.0: "explodes"}
+
+
+@pytest.mark.parametrize("answer", [
+    RIGHT,
+    {0.5: "Vanishes", 1: " vanishes", 3: "EXPLODES"},  # int keys, other spellings
+    {3.0: "explodes", 1.0: "vanishes", 0.5: "vanishes", 2.0: "explodes"},  # extra entry
+])
+def test_gradient_ratio_prediction_accepts_the_right_prediction(answer, capsys):
+    check_gradient_ratio_prediction(lambda: answer)
+    out = capsys.readouterr().out
+    assert "match the measurement" in out
+    assert "measured ratio" in out  # the measurement is shown
+
+
+WRONG_PREDICTIONS = {
+    "gain 1 keeps it": ({**RIGHT, 1.0: "about the same"}, "tanh's slope"),
+    "gain 3 vanishes too": ({**RIGHT, 3.0: "vanishes"}, "explodes"),
+    "gain 0.5 survives": ({**RIGHT, 0.5: "about the same"}, "shrinks it by about half"),
+    "a list": (["vanishes", "vanishes", "explodes"], "should return a dict"),
+    "a gain missing": ({0.5: "vanishes", 1.0: "vanishes"}, "no entry for the gain 3.0"),
+    "not a choice": ({**RIGHT, 1.0: "shrinks"}, "choose one of"),
+    "None": ({**RIGHT, 0.5: None}, "choose one of"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_PREDICTIONS))
+def test_gradient_ratio_prediction_rejects_wrong_predictions(name, capsys):
+    answer, message = WRONG_PREDICTIONS[name]
+    with pytest.raises(CheckFailure, match=f"(?is){message}"):
+        check_gradient_ratio_prediction(lambda: answer)
+
+
+def test_gradient_ratio_prediction_shows_the_measurement_when_wrong(capsys):
+    with pytest.raises(CheckFailure):
+        check_gradient_ratio_prediction(lambda: {**RIGHT, 1.0: "about the same"})
+    assert "measured ratio" in capsys.readouterr().out
+
+
+def test_gradient_ratio_prediction_stub_propagates():
+    def stub():
+        raise NotImplementedError("Exercise 1.4: write the body of predict_gradient_ratios")
+
+    with pytest.raises(NotImplementedError, match="Exercise 1.4"):
+        check_gradient_ratio_prediction(stub)
+
+
+def test_gradient_ratio_check_leaves_the_global_random_stream_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    check_gradient_ratio_prediction(lambda: RIGHT)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+# -------------------------------------------------------------------------- additive attention
+
+
+def additive_broadcast(s, h, W_s, W_h, v):
+    scores = torch.tanh((s @ W_s.T)[:, None, :] + h @ W_h.T) @ v  # (B, S)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights[:, :, None] * h).sum(1), weights
+
+
+def additive_einsum(s, h, W_s, W_h, v):
+    hidden = torch.tanh(torch.einsum("ad,bd->ba", W_s, s)[:, None]
+                        + torch.einsum("ak,bsk->bsa", W_h, h))
+    weights = torch.einsum("bsa,a->bs", hidden, v).softmax(-1)
+    return torch.einsum("bs,bsk->bk", weights, h), weights
+
+
+def additive_loops(s, h, W_s, W_h, v):
+    contexts, all_weights = [], []
+    for b in range(s.shape[0]):
+        scores = torch.stack([v @ torch.tanh(W_s @ s[b] + W_h @ h_j) for h_j in h[b]])
+        weights = torch.exp(scores - scores.max()) / torch.exp(scores - scores.max()).sum()
+        contexts.append(weights @ h[b])
+        all_weights.append(weights)
+    return torch.stack(contexts), torch.stack(all_weights)
+
+
+def additive_linear(s, h, W_s, W_h, v):
+    F = torch.nn.functional
+    scores = F.linear(torch.tanh(F.linear(s, W_s).unsqueeze(1) + F.linear(h, W_h)), v[None])
+    weights = scores.squeeze(-1).softmax(dim=1)
+    return torch.bmm(weights.unsqueeze(1), h).squeeze(1), weights
+
+
+@pytest.mark.parametrize("fn", [additive_broadcast, additive_einsum, additive_loops,
+                                additive_linear])
+def test_additive_attention_accepts_correct_answers(fn, capsys):
+    check_additive_attention(fn)
+    assert "additive_attention is correct" in capsys.readouterr().out
+
+
+def _additive_with(scores_fn, *, weights_fn=lambda e: torch.softmax(e, dim=-1),
+                   context_fn=lambda w, h, e, hp: (w[:, :, None] * h).sum(1)):
+    def fn(s, h, W_s, W_h, v):
+        scores = scores_fn(s, h, W_s, W_h, v)
+        weights = weights_fn(scores)
+        return context_fn(weights, h, scores, h @ W_h.T), weights
+
+    return fn
+
+
+def _scores(s, h, W_s, W_h, v):
+    return torch.tanh((s @ W_s.T)[:, None, :] + h @ W_h.T) @ v
+
+
+WRONG_ADDITIVE = {
+    "softmax over the batch": (_additive_with(_scores, weights_fn=lambda e: e.softmax(0)),
+                               "over the batch, not over the source words"),
+    "softmax over everything": (
+        _additive_with(_scores, weights_fn=lambda e: e.flatten().softmax(0).view(e.shape)),
+        "whole batch at once"),
+    "no softmax": (_additive_with(_scores, weights_fn=lambda e: e), "raw scores"),
+    "no tanh": (_additive_with(lambda s, h, W_s, W_h, v: ((s @ W_s.T)[:, None] + h @ W_h.T) @ v),
+                "no tanh"),
+    "tanh after v": (_additive_with(
+        lambda s, h, W_s, W_h, v: torch.tanh(((s @ W_s.T)[:, None] + h @ W_h.T) @ v)),
+        "tanh after the product with v"),
+    "W_s and W_h swapped where shapes allow": (_additive_with(
+        lambda s, h, W_s, W_h, v: _scores(s, h, W_h, W_s, v) if s.shape[-1] == h.shape[-1]
+        else _scores(s, h, W_s, W_h, v)), "W_s and W_h look swapped"),
+    "W_s and W_h swapped, unguarded": (_additive_with(
+        lambda s, h, W_s, W_h, v: _scores(s, h, W_h, W_s, v)),
+        r"raised RuntimeError.*Hint: s holds one decoder state per row"),
+    "context from scores": (_additive_with(
+        _scores, context_fn=lambda w, h, e, hp: (e[:, :, None] * h).sum(1)), "raw scores e_j"),
+    "context from projected states": (_additive_with(
+        _scores, context_fn=lambda w, h, e, hp: (w[:, :, None] * hp).sum(1)),
+        "projected states"),
+    "context is the mean": (_additive_with(
+        _scores, context_fn=lambda w, h, e, hp: h.mean(1)), "plain mean"),
+    "weights only": (lambda s, h, W_s, W_h, v: additive_broadcast(s, h, W_s, W_h, v)[1],
+                     r"should return a tuple \(context, weights\)"),
+    "order swapped": (lambda s, h, W_s, W_h, v: additive_broadcast(s, h, W_s, W_h, v)[::-1],
+                      "shape"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_ADDITIVE))
+def test_additive_attention_rejects_wrong_answers(name):
+    fn, message = WRONG_ADDITIVE[name]
+    with pytest.raises(CheckFailure, match=f"(?is){message}"):
+        check_additive_attention(fn)
+
+
+def test_additive_attention_stub_propagates():
+    def stub(s, h, W_s, W_h, v):
+        raise NotImplementedError("Exercise 1.5: write the body of additive_attention")
+
+    with pytest.raises(NotImplementedError, match="Exercise 1.5"):
+        check_additive_attention(stub)
+
+
+def test_additive_attention_check_leaves_the_global_random_stream_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    check_additive_attention(additive_broadcast)
     torch.testing.assert_close(torch.rand(3), expected)

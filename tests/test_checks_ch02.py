@@ -14,11 +14,15 @@ from course_lib import attention
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch02 import (
     attention_layer,
+    buggy_attention,
     check_attention_weights,
+    check_fixed_attention,
     check_is_permutation_equivariant,
     check_scaled_dot_product_attention,
+    check_score_std_predictions,
     check_scores_gradient,
     check_self_attention,
+    measure_score_stds,
 )
 
 # --------------------------------------------------------------------------- 2.1 attention_weights
@@ -320,7 +324,7 @@ def test_sdpastub_propagates():
         check_scaled_dot_product_attention(stub)
 
 
-# --------------------------------------------------------------------------- 2.3 scores_gradient
+# --------------------------------------------------------------------------- 2.4 scores_gradient
 
 
 def gradient_formula(weights, v, grad_out):
@@ -394,7 +398,7 @@ def test_scores_gradientstub_propagates():
     with pytest.raises(NotImplementedError):
         check_scores_gradient(stub)
 
-# ------------------------------------------------------------- 2.4 is_permutation_equivariant
+# ------------------------------------------------------------- 2.5 is_permutation_equivariant
 
 
 def equivariant_allclose(f, X, perm):
@@ -486,3 +490,140 @@ def test_attention_layer_is_equivariant_and_batched():
     perm = torch.tensor([4, 2, 0, 1, 3])
     assert f(x).shape == (3, 5, 8)
     torch.testing.assert_close(f(x[:, perm]), f(x)[:, perm], atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------ 2.2 fixed_attention (find the bug)
+
+
+def fixed_matmul(q, k, v):
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v
+
+
+def fixed_last_dim_counted(q, k, v):
+    """softmax over dim=scores.dim() - 1: the last axis, counted from the front."""
+    scores = q @ k.mT / q.shape[-1] ** 0.5
+    return F.softmax(scores, dim=scores.dim() - 1) @ v
+
+
+def fixed_einsum(q, k, v):
+    scores = torch.einsum("...td,...sd->...ts", q, k) / math.sqrt(q.shape[-1])
+    return torch.einsum("...ts,...sv->...tv", attention.softmax(scores), v)
+
+
+def fixed_torch_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def fixed_library(q, k, v):
+    return attention.scaled_dot_product_attention(q, k, v)[0]
+
+
+@pytest.mark.parametrize("fn", [fixed_matmul, fixed_last_dim_counted, fixed_einsum,
+                                fixed_torch_sdpa, fixed_library])
+def test_fixed_attention_accepts_any_correct_fix(fn, capsys):
+    check_fixed_attention(fn)
+    assert "fixed_attention is correct" in capsys.readouterr().out
+
+
+def test_buggy_attention_hides_on_one_sentence_and_fails_on_a_batch():
+    """The planted mistake: right on (T, d) inputs, wrong as soon as a batch stands in front."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(5, 4, generator=gen) for _ in range(3))
+    torch.testing.assert_close(buggy_attention(q, k, v), fixed_matmul(q, k, v))
+    qb, kb, vb = (torch.randn(2, 5, 4, generator=gen) for _ in range(3))
+    assert not torch.allclose(buggy_attention(qb, kb, vb), fixed_matmul(qb, kb, vb))
+
+
+def _softmax_dim(dim, *, scale=True):
+    def attend(q, k, v):
+        scores = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
+        return torch.softmax(scores, dim=dim) @ v
+    return attend
+
+
+WRONG_FIXES = {
+    "unchanged (dim=1)": (buggy_attention, r"planted bug.*dim=1"),
+    "dim=0": (_softmax_dim(0), r"dim=0, the batch axis"),
+    "dim=-2 (over the queries)": (_softmax_dim(-2), "columns"),
+    "dim=2 (fixed for 3-D only)": (_softmax_dim(2), "columns"),
+    "fixed the axis, dropped the scale": (_softmax_dim(-1, scale=False), "without scaling"),
+    "k.T on a batch": (
+        lambda q, k, v: torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ v,
+        r"raised RuntimeError.*k\.transpose\(-2, -1\)"),
+    "returns (out, weights)": (
+        lambda q, k, v: attention.scaled_dot_product_attention(q, k, v),
+        "return only the output"),
+    "an extra 1/2": (lambda q, k, v: fixed_matmul(q, k, v) / 2, "wrong values"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")
+@pytest.mark.parametrize("name", list(WRONG_FIXES))
+def test_fixed_attention_rejects_wrong_fixes_and_names_the_instrument(name):
+    fn, message = WRONG_FIXES[name]
+    with pytest.raises(CheckFailure, match=f"(?s){message}.*Instrument that finds it: the "
+                                           r"rows of attention weights sum to 1"):
+        check_fixed_attention(fn)
+
+
+def test_fixed_attentionstub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_fixed_attention(stub)
+
+
+# --------------------------------------------------------- 2.3 my_predictions (predict, verify)
+
+
+def test_measured_stds_are_close_to_the_exact_values():
+    """The check grades against the exact 8 and 4; the measurement it prints must agree."""
+    std_dot, std_wide = measure_score_stds()
+    assert abs(std_dot - 8.0) < 0.1
+    assert abs(std_wide - 4.0) < 0.05
+
+
+@pytest.mark.parametrize("answer", [
+    (8, 4),
+    [8.0, 4.0],
+    (math.sqrt(64), 2 * 2 * math.sqrt(64) / math.sqrt(64)),
+    (torch.tensor(8.0), torch.tensor([4.0])),
+    (7.5, 4.3),  # within 15%: a prediction, not a measurement to three digits
+])
+def test_score_std_predictions_accept_right_predictions_in_any_form(answer, capsys):
+    check_score_std_predictions(lambda: answer)
+    out = capsys.readouterr().out
+    assert "both predictions are within 15%" in out
+    assert "Measured over 100,000 random pairs" in out
+
+
+WRONG_PREDICTIONS = {
+    "the variance": ((64, 4), r"64 is the variance of q \. k"),
+    "the scaled spread": ((1, 4), "spread after dividing by sqrt"),
+    "the mean": ((0, 4), "the mean of q"),
+    "scaling also fixes the entries": ((8, 1), "not the size of the entries"),
+    "std 2 per product": ((8, 2), "variances multiply"),
+    "variance of the scaled score": ((8, 16), "16 is the variance of the scaled score"),
+    "forgot the scaling": ((8, 32), "before the scaling"),
+    "something else": ((8, 6), r"measured: 4\.00.*variance of a product"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_PREDICTIONS))
+def test_score_std_predictions_reject_misconceptions_and_show_the_measurement(name):
+    answer, message = WRONG_PREDICTIONS[name]
+    with pytest.raises(CheckFailure, match=f"(?is){message}.*"):
+        check_score_std_predictions(lambda: answer)
+    with pytest.raises(CheckFailure, match=r"(?i)measured: \d"):
+        check_score_std_predictions(lambda: answer)
+
+
+@pytest.mark.parametrize("answer", [8, "8, 4", (8,), (8, 4, 2), (8, None), (True, 4),
+                                    (8, torch.tensor([4.0, 4.0]))])
+def test_score_std_predictions_want_two_numbers(answer):
+    with pytest.raises(CheckFailure, match="should return two numbers"):
+        check_score_std_predictions(lambda: answer)
+
+
+def test_score_std_predictionsstub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_score_std_predictions(stub)

@@ -17,7 +17,11 @@ from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch03 import (
     check_alibi_bias,
     check_apply_rope,
+    check_fixed_rope,
+    check_ntk_base,
     check_sinusoidal_encoding,
+    check_value_routes,
+    measure_value_routes,
 )
 
 # ------------------------------------------------------------------- 3.1 sinusoidal_encoding
@@ -292,3 +296,158 @@ def test_apply_rope_rejects_misconceptions(name):
 def test_apply_ropestub_propagates():
     with pytest.raises(NotImplementedError):
         check_apply_rope(stub)
+
+
+# ------------------------------------------------------- 3.3 find the bug: a fixed apply_rope
+
+
+def rope_planted_bug(x, positions):
+    """The exercise's broken function: + instead of - makes each 2 x 2 matrix a non-rotation."""
+    d = x.shape[-1]
+    theta = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    angles = positions.float()[:, None] * theta
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    first, second = x[..., 0::2], x[..., 1::2]
+    rotated = torch.stack((first * cos + second * sin, first * sin + second * cos), dim=-1)
+    return rotated.flatten(-2)
+
+
+def rope_rotate_half_sign(x, positions):
+    """The same sign slip written the Hugging Face way, x cos + rotate_half(x) sin."""
+    d = x.shape[-1]
+    theta = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    angles = (positions.float()[:, None] * theta).repeat_interleave(2, dim=-1)  # (T, d)
+    swapped = torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)  # no minus sign
+    return x * angles.cos() + swapped * angles.sin()
+
+
+def rope_cos_only(x, positions):
+    """Scales each pair by cos a without the sin terms: lengths change, scores not relative."""
+    d = x.shape[-1]
+    theta = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    angles = (positions.float()[:, None] * theta).repeat_interleave(2, dim=-1)
+    return x * angles.cos()
+
+
+@pytest.mark.parametrize("fn", [rope_vectorised, rope_complex, rope_loop])
+def test_fixed_rope_accepts_every_correct_fix(fn, capsys):
+    check_fixed_rope(fn)
+    out = capsys.readouterr().out
+    assert "relative-position test passes" in out and "apply_rope is correct" in out
+
+
+WRONG_FIXES = {
+    "the planted bug, unfixed": (rope_planted_bug, "relative-position test fails"),
+    "the same slip via rotate_half": (rope_rotate_half_sign, "relative-position test fails"),
+    "cos only": (rope_cos_only, "relative-position test fails"),
+    # relative but not the course's rotation: the comparison with the reference finds these
+    "rotated the wrong way": (lambda x, p: _rope_with(x, p, sign=-1.0),
+                              r"wrong way(.|\n)*comparing your function with course_lib"),
+    "rotate-half layout": (lambda x, p: _rope_with(x, p, layout="halves"), "adjacent"),
+    "returns nothing": (lambda x, p: None, "must return a tensor"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_FIXES))
+def test_fixed_rope_rejects_wrong_fixes(name):
+    fn, message = WRONG_FIXES[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_fixed_rope(fn)
+
+
+def test_fixed_rope_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_fixed_rope(stub)
+
+
+# ----------------------------------------- 3.4 predict then verify: which values see position
+
+
+def test_value_routes_measurement_separates_the_routes():
+    spread = measure_value_routes()
+    assert spread["input"] > 1e-2 and spread["qkv"] > 1e-2
+    assert spread["alibi"] < 1e-5 and spread["rope"] < 1e-5
+
+
+@pytest.mark.parametrize("answer", [{"input", "qkv"}, ["qkv", "input"], ("Input", "QKV")])
+def test_value_routes_accepts_the_right_prediction_in_any_form(answer, capsys):
+    check_value_routes(lambda: answer)
+    out = capsys.readouterr().out
+    assert "right" in out and "rope:" in out  # the measurement is shown too
+
+
+WRONG_ROUTES = {
+    "RoPE rotates the values too": ({"input", "qkv", "rope"}, "values are not rotated"),
+    "ALiBi changes the values": ({"input", "qkv", "alibi"}, "only adds a number"),
+    "the input route spares v": ({"qkv"}, "passes through W_v"),
+    "lecture 9 adds to q and k only": ({"input"}, "adds p_i to v_i"),
+    "nothing depends": (set(), "passes through W_v"),
+    "an unknown name": ({"input", "sinusoidal"}, "not a route name"),
+    "not a collection": (3, "set of route names"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_ROUTES))
+def test_value_routes_rejects_wrong_predictions(name):
+    answer, message = WRONG_ROUTES[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_value_routes(lambda: answer)
+
+
+def test_value_routes_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_value_routes(stub)
+
+
+# ------------------------------------------------------------------ 3.5 ntk_scaled_base
+
+
+def ntk_formula(d_head, factor, base):
+    return base * factor ** (d_head / (d_head - 2))
+
+
+def ntk_from_the_idea(d_head, factor, base):
+    """Solve for the base whose slowest pair turns `factor` times more slowly, via logs."""
+    slowest = (d_head - 2) / d_head
+    return torch.exp(torch.log(torch.tensor(base, dtype=torch.float64))
+                     + torch.log(torch.tensor(factor, dtype=torch.float64)) / slowest)
+
+
+def ntk_library(d_head, factor, base):
+    return positions.ntk_scaled_base(d_head, factor, base=base)
+
+
+@pytest.mark.parametrize("fn", [ntk_formula, ntk_from_the_idea, ntk_library])
+def test_ntk_base_accepts_correct_answers(fn, capsys):
+    check_ntk_base(fn)
+    assert "ntk_scaled_base is correct" in capsys.readouterr().out
+
+
+WRONG_NTK = {
+    "base times factor": (lambda d, s, b: b * s, "multiplied the base by the factor"),
+    "exponent upside down": (lambda d, s, b: b * s ** ((d - 2) / d), "slowest pair"),
+    "divided": (lambda d, s, b: b / s ** (d / (d - 2)), "should be slowed by the full factor"),
+    "forgot the base": (lambda d, s, b: s ** (d / (d - 2)), "slowest pair"),
+    "a string": (lambda d, s, b: "52780", "one positive number"),
+    "a vector": (lambda d, s, b: torch.full((3,), b), "one positive number"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_NTK))
+def test_ntk_base_rejects_wrong_answers(name):
+    fn, message = WRONG_NTK[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_ntk_base(fn)
+
+
+def test_ntk_base_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_ntk_base(stub)
+
+
+def test_value_routes_leaves_the_learners_random_state_alone(capsys):
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    check_value_routes(lambda: {"input", "qkv"})
+    assert torch.equal(torch.rand(3), expected)

@@ -9,15 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import stub
+from torch import nn
 
-from course_lib import EncoderBlock, count_parameters
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch04 import (
-    check_block_parameter_count,
-    check_collapse_two_layers,
-    check_feed_forward,
-    reference_block_parameter_count,
-    reference_collapse,
+    check_collapse_prediction,
+    check_fixed_ffn,
+    check_xor_experiment,
     reference_feed_forward,
 )
 
@@ -32,258 +30,247 @@ def test_reference_feed_forward_matches_functional_form():
     torch.testing.assert_close(reference_feed_forward(x, W1, b1, W2, b2), expected)
 
 
-def test_reference_collapse_reproduces_two_linear_attention_layers():
-    torch.manual_seed(0)
-    a1 = torch.softmax(torch.randn(5, 5), -1)
-    a2 = torch.softmax(torch.randn(5, 5), -1)
-    V1, V2, X = torch.randn(4, 3), torch.randn(2, 4), torch.randn(5, 3)
-    alpha_star, V_star = reference_collapse(a1, a2, V1, V2)
-    torch.testing.assert_close(alpha_star @ X @ V_star.T, a2 @ (a1 @ X @ V1.T) @ V2.T)
-    torch.testing.assert_close(alpha_star.sum(-1), torch.ones(5))
+# ------------------------------------------------------------------ 4.1 predict then verify
+
+RIGHT = {"V_star_shape": (16, 16), "V_star_rank": 4, "out_rank": 4}
 
 
-@pytest.mark.parametrize("d, f, bias", [(8, 32, True), (6, 10, False), (1, 1, True)])
-def test_reference_block_count_matches_a_real_block_and_the_formula(d, f, bias):
-    real = count_parameters(EncoderBlock(d, 1, f, bias=bias))
-    formula = 4 * d * d + 2 * d * f + 4 * d + ((4 * d + f + d) if bias else 0)
-    assert reference_block_parameter_count(d, f, bias) == real == formula
-
-
-# ------------------------------------------------------------------ 4.1 feed_forward
-
-
-def ffn_matmul(x, W1, b1, W2, b2):
-    return torch.relu(x @ W1.T + b1) @ W2.T + b2
-
-
-def ffn_functional(x, W1, b1, W2, b2):
-    return F.linear(F.relu(F.linear(x, W1, b1)), W2, b2)
-
-
-def ffn_einsum_clamp(x, W1, b1, W2, b2):
-    hidden = torch.einsum("...d,fd->...f", x, W1) + b1
-    return torch.einsum("...f,df->...d", hidden.clamp(min=0), W2) + b2
-
-
-def ffn_row_loop(x, W1, b1, W2, b2):
-    rows = x.reshape(-1, x.shape[-1])
-    out = [W2 @ torch.maximum(W1 @ r + b1, torch.zeros(())) + b2 for r in rows]
-    return torch.stack(out).reshape(x.shape)
-
-
-@pytest.mark.parametrize("fn", [ffn_matmul, ffn_functional, ffn_einsum_clamp, ffn_row_loop])
-def test_feed_forward_accepts_correct_answers(fn, capsys):
-    check_feed_forward(fn)
-    assert "feed_forward is correct" in capsys.readouterr().out
-
-
-FFN_WRONG = {
-    "no activation": (lambda x, W1, b1, W2, b2: (x @ W1.T + b1) @ W2.T + b2, "no ReLU"),
-    "relu on both layers": (
-        lambda x, W1, b1, W2, b2: torch.relu(torch.relu(x @ W1.T + b1) @ W2.T + b2),
-        "after the second layer as well"),
-    "relu at the end": (
-        lambda x, W1, b1, W2, b2: torch.relu((x @ W1.T + b1) @ W2.T + b2),
-        "at the end instead of between"),
-    "bias after relu": (
-        lambda x, W1, b1, W2, b2: (torch.relu(x @ W1.T) + b1) @ W2.T + b2, "added b1 after"),
-    "gelu": (lambda x, W1, b1, W2, b2: F.gelu(x @ W1.T + b1) @ W2.T + b2, "GELU"),
-    "no b2": (lambda x, W1, b1, W2, b2: torch.relu(x @ W1.T + b1) @ W2.T, "left out b2"),
-    "no b1": (lambda x, W1, b1, W2, b2: torch.relu(x @ W1.T) @ W2.T + b2, "left out b1"),
-    # square-only mistakes: in the non-square cases they raise, and the check then reaches a
-    # square case where the values expose them
-    "biases swapped": (
-        lambda x, W1, b1, W2, b2: torch.relu(x @ W1.T + b2) @ W2.T + b1
-        if W1.shape[0] == W1.shape[1] else ffn_matmul(x, W1, b1, W2, b2),
-        "swapped the biases"),
-    "untransposed": (
-        lambda x, W1, b1, W2, b2: torch.relu(x @ W1 + b1) @ W2 + b2
-        if W1.shape[0] == W1.shape[1] else ffn_matmul(x, W1, b1, W2, b2),
-        "untransposed"),
-    "layers in the wrong order": (
-        lambda x, W1, b1, W2, b2: torch.relu(x @ W2.T + b2) @ W1.T + b1
-        if W1.shape[0] == W1.shape[1] else ffn_matmul(x, W1, b1, W2, b2),
-        "wrong order"),
-}
-
-
-@pytest.mark.parametrize("name", list(FFN_WRONG))
-def test_feed_forward_rejects_mistakes(name):
-    fn, match = FFN_WRONG[name]
-    with pytest.raises(CheckFailure, match=match):
-        check_feed_forward(fn)
-
-
-def test_feed_forward_untransposed_weights_fail_with_the_layout_hint():
-    with pytest.raises(CheckFailure, match="nn.Linear's layout"):
-        check_feed_forward(lambda x, W1, b1, W2, b2: torch.relu(x @ W1 + b1) @ W2 + b2)
-
-
-def test_feed_forward_2d_only_code_gets_a_message_on_the_batched_case():
-    def two_d_only(x, W1, b1, W2, b2):
-        if x.dim() != 2:
-            raise ValueError("expected a matrix")
-        return ffn_matmul(x, W1, b1, W2, b2)
-
-    with pytest.raises(CheckFailure, match="batched"):
-        check_feed_forward(two_d_only)
-
-
-def test_feed_forward_in_place_change_is_caught():
-    def in_place(x, W1, b1, W2, b2):
-        x.mul_(1.0)
-        x[..., 0] = x[..., 0] + 1.0
-        return ffn_matmul(x, W1, b1, W2, b2)
-
-    with pytest.raises(CheckFailure, match="in place"):
-        check_feed_forward(in_place)
-
-
-def test_feed_forwardstub_propagates():
-    with pytest.raises(NotImplementedError):
-        check_feed_forward(stub)
-
-
-# ------------------------------------------------------------------ 4.2 collapse_two_layers
-
-
-def collapse_matmul(alpha1, alpha2, V1, V2):
-    return alpha2 @ alpha1, V2 @ V1
-
-
-def collapse_einsum(alpha1, alpha2, V1, V2):
-    return torch.einsum("...ij,...jk->...ik", alpha2, alpha1), torch.einsum("ab,bc->ac", V2, V1)
-
-
-def collapse_loops(alpha1, alpha2, V1, V2):
-    T = alpha1.shape[-1]
-    alpha_star = torch.zeros_like(alpha1)
-    for i in range(T):
-        for k in range(T):
-            alpha_star[..., i, k] = (alpha2[..., i, :] * alpha1[..., :, k]).sum(-1)
-    V_star = (V1.T @ V2.T).T  # (V2 V1)^T^T written the long way
-    return [alpha_star, V_star]
-
-
-@pytest.mark.parametrize("fn", [collapse_matmul, collapse_einsum, collapse_loops])
-def test_collapse_accepts_correct_answers(fn, capsys):
-    check_collapse_two_layers(fn)
-    assert "collapse_two_layers is correct" in capsys.readouterr().out
+@pytest.mark.parametrize("answer", [
+    RIGHT,
+    {"V_star_shape": torch.Size([16, 16]), "V_star_rank": np.int64(4), "out_rank": 4.0},
+    {"out_rank": torch.tensor(4), "V_star_rank": 4, "V_star_shape": [16, 16]},
+])
+def test_collapse_prediction_accepts_right_answers(answer, capsys):
+    check_collapse_prediction(lambda: answer)
+    out = capsys.readouterr().out
+    assert "predictions are right" in out and "V_star_rank: 4" in out
 
 
 COLLAPSE_WRONG = {
-    "alpha order": (lambda a1, a2, V1, V2: (a1 @ a2, V2 @ V1), "wrong order"),
-    "alpha transposed": (
-        lambda a1, a2, V1, V2: ((a2 @ a1).transpose(-2, -1), V2 @ V1), "transposed"),
-    "alpha elementwise": (lambda a1, a2, V1, V2: (a1 * a2, V2 @ V1), "elementwise"),
-    "alpha2 only": (lambda a1, a2, V1, V2: (a2, V2 @ V1), "alpha1\\) is missing"),
-    "V transposed": (lambda a1, a2, V1, V2: (a2 @ a1, (V2 @ V1).T), "V_star is transposed"),
-    "V order, square only": (
-        lambda a1, a2, V1, V2: (a2 @ a1, V1 @ V2 if V1.shape == V2.shape[::-1] == V1.shape[::-1]
-                                else V2 @ V1),
-        "V_star is V1 @ V2"),
-    "V elementwise, square only": (
-        lambda a1, a2, V1, V2: (a2 @ a1, V1 * V2 if V1.shape == V2.shape else V2 @ V1),
-        "elementwise"),
-    "swapped pair": (lambda a1, a2, V1, V2: (V2 @ V1, a2 @ a1), "order \\(alpha_star, V_star\\)"),
-    "one value": (lambda a1, a2, V1, V2: a2 @ a1, "should return a pair"),
-    "rescaled pair": (lambda a1, a2, V1, V2: (2 * a2 @ a1, V2 @ V1 / 2), "rows sum to 2"),
+    "V1 @ V2 shape": ({**RIGHT, "V_star_shape": (4, 4)}, "wrong order"),
+    "other shape": ({**RIGHT, "V_star_shape": (16, 4)}, "is not it"),
+    "full rank": ({**RIGHT, "V_star_rank": 16}, "at most the smallest"),
+    "other rank": ({**RIGHT, "V_star_rank": 8}, "How many numbers"),
+    "out rank = T": ({**RIGHT, "out_rank": 10}, "cannot\\s+leave that space"),
+    "out rank = D": ({**RIGHT, "out_rank": 16}, "column space of V\\*"),
+    "out rank other": ({**RIGHT, "out_rank": 1}, "in how many dimensions"),
+    "missing key": ({"V_star_shape": (16, 16), "V_star_rank": 4}, "lacks the key"),
+    "not a dict": ((16, 16, 4, 4), "should return a dict"),
+    "rank as text": ({**RIGHT, "V_star_rank": "4"}, "whole number"),
+    "shape as int": ({**RIGHT, "V_star_shape": 16}, "tuple of two ints"),
 }
 
 
 @pytest.mark.parametrize("name", list(COLLAPSE_WRONG))
-def test_collapse_rejects_mistakes(name):
-    fn, match = COLLAPSE_WRONG[name]
+def test_collapse_prediction_rejects_mistakes(name):
+    answer, match = COLLAPSE_WRONG[name]
     with pytest.raises(CheckFailure, match=match):
-        check_collapse_two_layers(fn)
+        check_collapse_prediction(lambda: answer)
 
 
-def test_collapse_wrong_V_order_fails_with_the_order_hint_on_non_square_values():
-    with pytest.raises(CheckFailure, match="V1 acts first"):
-        check_collapse_two_layers(lambda a1, a2, V1, V2: (a2 @ a1, V1 @ V2))
-
-
-def test_collapsestub_propagates():
+def test_collapse_prediction_stub_propagates():
     with pytest.raises(NotImplementedError):
-        check_collapse_two_layers(stub)
+        check_collapse_prediction(stub)
 
 
-# ------------------------------------------------------------------ 4.3 block_parameter_count
+# ------------------------------------------------------------------ 4.2 experiment
+
+CORNERS = torch.tensor([[-1.0, -1.0], [-1.0, 1.0], [1.0, -1.0], [1.0, 1.0]])
+XOR = CORNERS[:, 0] * CORNERS[:, 1]
 
 
-def count_by_parts(d_model, d_ff, bias=True):
-    attention = 4 * d_model * d_model + (4 * d_model if bias else 0)
-    ffn = 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
-    norms = 2 * (2 * d_model)
-    return attention + ffn + norms
+def make_fit(activation_fn=None, targets=XOR, width=None, train=True, steps=300, lr=0.05,
+             as_tensor=False):
+    """A fit_xor; the keyword arguments plant one mistake each."""
+
+    def fit_xor(activation, hidden_units, seed):
+        torch.manual_seed(seed)
+        h = width or hidden_units
+        act = activation_fn(activation) if activation_fn else (
+            nn.ReLU() if activation == "relu" else nn.Identity())
+        net = nn.Sequential(nn.Linear(2, h), act, nn.Linear(h, 1))
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        losses = []
+        for _ in range(steps):
+            loss = (net(CORNERS).squeeze(-1) - targets).pow(2).mean()
+            if train:
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            losses.append(loss.item())
+        return torch.tensor(losses) if as_tensor else losses
+
+    return fit_xor
 
 
-def count_by_shapes(d_model, d_ff, bias=True):
-    shapes = [(3 * d_model, d_model), (d_model, d_model), (d_ff, d_model), (d_model, d_ff)]
-    total = sum(a * b for a, b in shapes)
-    if bias:
-        total += 3 * d_model + d_model + d_ff + d_model
-    return np.int64(total + 4 * d_model)  # numpy integers are accepted too
+def fit_with_explicit_parameters(activation, hidden_units, seed):
+    # another correct formulation: explicit parameters, F.relu, a tensor of losses
+    gen = torch.Generator().manual_seed(seed)
+    W1 = (torch.randn(hidden_units, 2, generator=gen) * 0.7).requires_grad_()
+    b1 = torch.zeros(hidden_units).requires_grad_()
+    W2 = (torch.randn(1, hidden_units, generator=gen) / hidden_units ** 0.5).requires_grad_()
+    b2 = torch.zeros(1).requires_grad_()
+    opt = torch.optim.Adam([W1, b1, W2, b2], lr=0.05)
+    losses = []
+    for _ in range(300):
+        hidden = F.linear(CORNERS, W1, b1)
+        if activation == "relu":
+            hidden = F.relu(hidden)
+        loss = F.mse_loss(F.linear(hidden, W2, b2).squeeze(-1), XOR)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses
 
 
-def count_by_building(d_model, d_ff, bias=True):
-    return float(count_parameters(EncoderBlock(d_model, 1, d_ff, bias=bias)))
+@pytest.mark.parametrize("fn", [make_fit(), make_fit(as_tensor=True),
+                                fit_with_explicit_parameters])
+def test_xor_experiment_accepts_correct_answers(fn, capsys):
+    check_xor_experiment(fn)
+    assert "behaves as the theory says" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("fn", [count_by_parts, count_by_shapes, count_by_building])
-def test_block_count_accepts_correct_answers(fn, capsys):
-    check_block_parameter_count(fn)
-    assert "block_parameter_count is correct" in capsys.readouterr().out
-
-
-def _wrong(attention_mats=4, attention_bias=True, ffn_bias=True, ffn_mats=2, norms=2,
-           norm_bias=True, ignore_bias_flag=False, d_ff_is_4d=False):
-    def count(d_model, d_ff, bias=True):
-        b = True if ignore_bias_flag else bias
-        f = 4 * d_model if d_ff_is_4d else d_ff
-        total = attention_mats * d_model * d_model + ffn_mats * d_model * f
-        total += (attention_mats * d_model if b and attention_bias else 0)
-        total += ((f + d_model) if b and ffn_bias else 0)
-        total += norms * d_model * (2 if norm_bias else 1)
-        return total
-
-    return count
-
-
-BLOCK_WRONG = {
-    "no biases": (_wrong(attention_bias=False, ffn_bias=False), "left out the biases"),
-    "no attention biases": (_wrong(attention_bias=False), "attention projections' biases"),
-    "no FFN biases": (_wrong(ffn_bias=False), "feed-forward layers' biases"),
-    "3 attention projections": (_wrong(attention_mats=3), "3 attention projections"),
-    "no layer norms": (_wrong(norms=0), "left out the two LayerNorms"),
-    "one layer norm": (_wrong(norms=1), "the block has two of\\s+them"),
-    "gain-only layer norms, bias=True": (_wrong(norm_bias=False), "LayerNorm"),
-    "one FFN matrix": (_wrong(ffn_mats=1), "only one of the FFN's two weight matrices"),
-    "biases despite bias=False": (_wrong(ignore_bias_flag=True), "With bias=False"),
-    "ignores d_ff": (_wrong(d_ff_is_4d=True), "d_ff = 4 \\* d_model instead"),
-    "one attention matrix": (_wrong(attention_mats=1), "one d_model x d_model\\s+matrix"),
-    "returns a string": (lambda d, f, bias=True: str(count_by_parts(d, f, bias)), "whole number"),
-    "off by a constant": (lambda d, f, bias=True: count_by_parts(d, f, bias) + 7, "off by \\+7"),
-    "no default for bias": (lambda d, f, bias: count_by_parts(d, f, bias), "give bias a default"),
-    "bias default False": (lambda d, f, bias=False: count_by_parts(d, f, bias), "should default to True"),
+XOR_WRONG = {
+    "relu never applied": (make_fit(activation_fn=lambda a: nn.Identity()),
+                           "ReLU applied between"),
+    "activation also for none": (make_fit(activation_fn=lambda a: nn.ReLU()),
+                                 "activation\\s+is still applied"),
+    "0/1 targets": (make_fit(targets=(XOR > 0).float()), "targets are not x1 \\* x2"),
+    "no training": (make_fit(train=False), "never change"),
+    "width ignored": (make_fit(width=16), "hidden_units used"),
+    "too few steps": (make_fit(steps=50), "should make 300 updates"),
+    "returns a number": (lambda a, h, s: 0.5, "list of 300 losses"),
 }
 
 
-@pytest.mark.parametrize("name", list(BLOCK_WRONG))
-def test_block_count_rejects_mistakes(name):
-    fn, match = BLOCK_WRONG[name]
+@pytest.mark.parametrize("name", list(XOR_WRONG))
+def test_xor_experiment_rejects_mistakes(name):
+    fn, match = XOR_WRONG[name]
     with pytest.raises(CheckFailure, match=match):
-        check_block_parameter_count(fn)
+        check_xor_experiment(fn)
 
 
-def test_block_count_bias_false_dropping_layer_norm_shift_is_named():
-    def no_shift_without_bias(d_model, d_ff, bias=True):
-        return count_by_parts(d_model, d_ff, bias) - (0 if bias else 2 * d_model)
+def test_xor_experiment_crash_inside_learner_code_is_named():
+    def crashes(activation, hidden_units, seed):
+        return nn.Linear(3, hidden_units)(CORNERS)
 
-    with pytest.raises(CheckFailure, match="only removes the linear layers' biases"):
-        check_block_parameter_count(no_shift_without_bias)
+    with pytest.raises(CheckFailure, match="raised RuntimeError"):
+        check_xor_experiment(crashes)
 
 
-def test_block_countstub_propagates():
+def test_xor_experiment_stub_propagates():
     with pytest.raises(NotImplementedError):
-        check_block_parameter_count(stub)
+        check_xor_experiment(stub)
+
+
+# ------------------------------------------------------------------ 4.3 find the bug
+
+
+class BuggyFFN(nn.Module):
+    """The exercise's module: un-flattens its output the wrong way."""
+
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        out = self.fc2(torch.relu(self.fc1(x.reshape(B * T, D))))
+        return out.reshape(B, D, T).transpose(1, 2)
+
+
+class FixedDirect(BuggyFFN):
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class FixedReshape(BuggyFFN):
+    def forward(self, x):
+        B, T, D = x.shape
+        out = self.fc2(F.relu(self.fc1(x.reshape(B * T, D))))
+        return out.reshape(B, T, D)
+
+
+class FixedLoop(BuggyFFN):
+    def forward(self, x):
+        rows = [[self.fc2(self.fc1(x[b, t]).clamp(min=0)) for t in range(x.shape[1])]
+                for b in range(x.shape[0])]
+        return torch.stack([torch.stack(r) for r in rows])
+
+
+@pytest.mark.parametrize("cls", [FixedDirect, FixedReshape, FixedLoop])
+def test_fixed_ffn_accepts_correct_fixes(cls, capsys):
+    check_fixed_ffn(cls)
+    assert "keeps positions apart" in capsys.readouterr().out
+
+
+class NoActivation(BuggyFFN):
+    def forward(self, x):
+        return self.fc2(self.fc1(x))
+
+
+class MeanOverPositions(BuggyFFN):
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))) + 0.1 * x.mean(1, keepdim=True)
+
+
+class Gelu(BuggyFFN):
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class WrongShape(BuggyFFN):
+    def forward(self, x):
+        return self.fc1(x)
+
+
+class Flattened(BuggyFFN):
+    def forward(self, x):
+        B, T, D = x.shape
+        return self.fc2(torch.relu(self.fc1(x.reshape(B * T, D))))
+
+
+class NewInit(BuggyFFN):
+    def __init__(self, d_model):
+        super().__init__(d_model, 4 * d_model)
+
+
+FIXED_WRONG = {
+    "the buggy module": (BuggyFFN, "who_sees_whom finds that output 0"),
+    "mixes by a mean": (MeanOverPositions, "still mixes positions"),
+    "no activation": (NoActivation, "without the ReLU"),
+    "gelu": (Gelu, "differs from course_lib's FeedForward"),
+    "wrong shape": (WrongShape, "should return a tensor of shape"),
+    "forgets to un-flatten": (Flattened, "shape \\(2, 5, 4\\)"),
+    "changed __init__": (NewInit, "Keep BuggyFFN's __init__"),
+}
+
+
+@pytest.mark.parametrize("name", list(FIXED_WRONG))
+def test_fixed_ffn_rejects_mistakes(name):
+    cls, match = FIXED_WRONG[name]
+    with pytest.raises(CheckFailure, match=match):
+        check_fixed_ffn(cls)
+
+
+def test_fixed_ffn_without_linear_layers_is_named():
+    class Bare(nn.Module):
+        def __init__(self, d_model, d_ff):
+            super().__init__()
+
+        def forward(self, x):
+            return x
+
+    with pytest.raises(CheckFailure, match="no nn.Linear 'fc1'"):
+        check_fixed_ffn(Bare)
+
+
+def test_fixed_ffn_stub_propagates():
+    class Stub(BuggyFFN):
+        def forward(self, x):
+            raise NotImplementedError("Exercise 4.3: fix forward")
+
+    with pytest.raises(NotImplementedError):
+        check_fixed_ffn(Stub)

@@ -19,6 +19,7 @@ from course_lib.course.checks.ch05 import (
     causal_layer,
     causal_with_rounding_noise,
     check_causal_mask,
+    check_fixed_padded_attention,
     check_masked_attention,
     check_padding_mask,
     check_tiny_lm,
@@ -30,7 +31,7 @@ from course_lib.course.checks.ch05 import (
 
 
 @pytest.mark.parametrize("check", [check_causal_mask, check_masked_attention, check_padding_mask,
-                                   check_who_sees_whom])
+                                   check_who_sees_whom, check_fixed_padded_attention])
 def test_an_unsolved_stub_fails_as_itself(check):
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
         check(stub)
@@ -471,7 +472,86 @@ def test_building_the_probed_layers_leaves_the_global_random_stream_alone():
     assert torch.equal(torch.rand(3), expected)
 
 
-# ------------------------------------------------------------------ 5.5 the capstone language model
+# ------------------------------------------------------------- 5.5 find the bug: padded attention
+
+
+def padded_keys(q, k, v, lengths):
+    keep = attention.padding_mask(lengths, k.shape[1])  # (B, S)
+    return attention.scaled_dot_product_attention(q, k, v, mask=keep[:, None, :])[0]
+
+
+def padded_by_hand(q, k, v, lengths):
+    # another formulation: scores by einsum, -inf fill with an arange comparison, torch.softmax
+    scores = torch.einsum("btd,bsd->bts", q, k) / math.sqrt(q.shape[-1])
+    real_key = torch.arange(k.shape[1])[None, None, :] < lengths[:, None, None]  # (B, 1, S)
+    weights = torch.softmax(scores.masked_fill(~real_key, float("-inf")), dim=-1)
+    return weights @ v
+
+
+def padded_both_ways_safe(q, k, v, lengths):
+    # pad queries masked too: their rows are empty, and course_lib's attention gives zeros there
+    keep = attention.padding_mask(lengths, k.shape[1])  # (B, S)
+    mask = keep[:, :, None] & keep[:, None, :]  # (B, T, S)
+    return attention.scaled_dot_product_attention(q, k, v, mask=mask)[0]
+
+
+@pytest.mark.parametrize("fn", [padded_keys, padded_by_hand, padded_both_ways_safe])
+def test_fixed_padded_attention_accepts_correct_fixes(fn, capsys):
+    check_fixed_padded_attention(fn)
+    assert "finds no real output reading the padding" in capsys.readouterr().out
+
+
+def padded_wrong_axis(q, k, v, lengths):  # the planted bug: the mask acts on the queries
+    keep = attention.padding_mask(lengths, k.shape[1])
+    return attention.scaled_dot_product_attention(q, k, v, mask=keep.unsqueeze(-1))[0]
+
+
+def padded_no_mask(q, k, v, lengths):
+    return attention.scaled_dot_product_attention(q, k, v)[0]
+
+
+def padded_both_ways_naive(q, k, v, lengths):
+    keep = attention.padding_mask(lengths, k.shape[1])
+    mask = keep[:, :, None] & keep[:, None, :]
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # NaN in the pad query rows
+
+
+def padded_unscaled(q, k, v, lengths):
+    keep = attention.padding_mask(lengths, k.shape[1])
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~keep[:, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def padded_returns_pair(q, k, v, lengths):
+    keep = attention.padding_mask(lengths, k.shape[1])
+    return attention.scaled_dot_product_attention(q, k, v, mask=keep[:, None, :])
+
+
+PADDED_WRONG = {
+    padded_wrong_axis: "who_sees_whom finds that the real output",
+    padded_no_mask: "the key axis",
+    padded_both_ways_naive: "NaN or inf",
+    padded_unscaled: r"differ from attention\s+with a key padding mask",
+    padded_returns_pair: "return only the output",
+}
+
+
+@pytest.mark.parametrize("fn", list(PADDED_WRONG), ids=lambda f: f.__name__)
+def test_fixed_padded_attention_rejects_mistakes(fn):
+    with pytest.raises(CheckFailure, match=PADDED_WRONG[fn]):
+        check_fixed_padded_attention(fn)
+
+
+def test_fixed_padded_attention_crash_is_named():
+    def crashes(q, k, v, lengths):
+        return q @ k  # (B, T, d) @ (B, S, d): shapes do not fit
+
+    with pytest.raises(CheckFailure, match="raised RuntimeError"):
+        check_fixed_padded_attention(crashes)
+
+
+# ------------------------------------------------------------------ 5.6 the capstone language model
 
 
 class _LMParts(nn.Module):
@@ -560,13 +640,82 @@ class LMWithoutHead(_LMParts):
 
 class LMStub(_LMParts):
     def forward(self, ids, targets=None):
-        raise NotImplementedError("Exercise 5.5: write the body of forward")
+        raise NotImplementedError("Exercise 5.6: write the body of forward")
 
 
-@pytest.mark.parametrize("model_class", [LMWithCourseFunctions, LMWithTorchAttention])
+class LMByHand(_LMParts):
+    """Another correct formulation: explicit slices, einsum scores, -inf fill, torch.softmax."""
+
+    def forward(self, ids, targets=None):
+        T, D = ids.shape[1], self.out.in_features
+        x = self.token(ids) + self.position(torch.arange(T))
+        fused = self.qkv(x)
+        q, k, v = fused[..., :D], fused[..., D:2 * D], fused[..., 2 * D:]
+        scores = torch.einsum("btd,bsd->bts", q, k) / math.sqrt(D)
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        attended = torch.softmax(scores.masked_fill(future, float("-inf")), -1) @ v
+        return self.finish(x, attended)
+
+
+@pytest.mark.parametrize("model_class", [LMWithCourseFunctions, LMWithTorchAttention, LMByHand])
 def test_tiny_lm_accepts_correct_models(model_class, capsys):
     check_tiny_lm(model_class)
-    assert "your language model is causal" in capsys.readouterr().out
+    assert "your language model follows the five steps" in capsys.readouterr().out
+
+
+class LMNoAttentionResidual(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        x = self.out(self.attend(x, attention.causal_mask(ids.shape[1])))  # replaced, not added
+        return SimpleNamespace(logits=self.head(x + self.ffn(x)), loss=None)
+
+
+class LMNoFFNResidual(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        x = x + self.out(self.attend(x, attention.causal_mask(ids.shape[1])))
+        return SimpleNamespace(logits=self.head(self.ffn(x)), loss=None)
+
+
+class LMNoResiduals(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        x = self.out(self.attend(x, attention.causal_mask(ids.shape[1])))
+        return SimpleNamespace(logits=self.head(self.ffn(x)), loss=None)
+
+
+class LMQueriesKeysSwapped(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        k, q, v = self.qkv(x).chunk(3, dim=-1)
+        mask = attention.causal_mask(ids.shape[1])
+        return self.finish(x, attention.scaled_dot_product_attention(q, k, v, mask=mask)[0])
+
+
+class LMUnscaled(_LMParts):
+    def forward(self, ids, targets=None):
+        x = self.embed(ids)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        mask = attention.causal_mask(ids.shape[1])
+        attended = attention.scaled_dot_product_attention(q, k, v, mask=mask, scale=1.0)[0]
+        return self.finish(x, attended)
+
+
+STEP_MISTAKES = {
+    LMNoAttentionResidual: r"x = x \+ self.out",
+    LMNoFFNResidual: r"x = x \+ self.ffn\(x\)",
+    LMNoResiduals: "replaced x instead of adding to it, twice",
+    LMQueriesKeysSwapped: "swapped queries and keys",
+    LMUnscaled: "differ from the five steps",
+}
+
+
+@pytest.mark.parametrize("model_class", list(STEP_MISTAKES), ids=lambda c: c.__name__)
+def test_tiny_lm_grades_the_written_steps(model_class):
+    # each of these is causal, reads the past, uses positions and keeps examples apart, so only
+    # the comparison with the steps of the exercise can reject it
+    with pytest.raises(CheckFailure, match=STEP_MISTAKES[model_class]):
+        check_tiny_lm(model_class)
 
 
 WRONG_LMS = {
@@ -587,7 +736,7 @@ def test_tiny_lm_rejects_misconceptions(model_class):
 
 def test_tiny_lmstub_propagates_and_the_check_keeps_the_random_state():
     before = torch.random.get_rng_state()
-    with pytest.raises(NotImplementedError, match="Exercise 5.5"):
+    with pytest.raises(NotImplementedError, match="Exercise 5.6"):
         check_tiny_lm(LMStub)
     assert torch.equal(before, torch.random.get_rng_state())
 

@@ -6,26 +6,32 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import stub
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.attention import MultiHeadAttention
+from course_lib.attention import MultiHeadAttention, merge_heads, split_heads
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch06 import (
     check_ablated_output,
     check_cross_attention_flops,
+    check_fixed_attention,
     check_merge_heads,
     check_multi_head_attention,
+    check_scale_predictions,
     check_split_heads,
+    heads_moved_by,
     measured_flops,
+    measured_score_stats,
 )
 from course_lib.course.probes import ablate_heads
 
 CHECKS = [check_split_heads, check_merge_heads, check_multi_head_attention,
-          check_cross_attention_flops, check_ablated_output]
+          check_cross_attention_flops, check_ablated_output, check_scale_predictions]
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -232,7 +238,8 @@ def _mha_variant(*, scale="head", split="right", use_w_o=True, transpose=True, s
             return y.transpose(1, 2).reshape(b, t, d)
 
         q, k, v = (to_heads(x @ tr(w)) for w in (W_q, W_k, W_v))
-        divisor = {"head": math.sqrt(dh), "model": math.sqrt(d), "none": 1.0}[scale]
+        divisor = {"head": math.sqrt(dh), "model": math.sqrt(d), "none": 1.0,
+                   "d_head": dh}[scale]
         out = from_heads(torch.softmax(q @ k.transpose(-2, -1) / divisor, dim=softmax_dim) @ v)
         return out @ tr(W_o) if use_w_o else out
 
@@ -241,6 +248,7 @@ def _mha_variant(*, scale="head", split="right", use_w_o=True, transpose=True, s
 
 WRONG_MHA = {
     "scaled by sqrt(d_model)": (_mha_variant(scale="model"), r"sqrt\(d_model\).*sqrt\(Dh\)"),
+    "scaled by Dh": (_mha_variant(scale="d_head"), "by Dh itself"),
     "not scaled": (_mha_variant(scale="none"), "not scaled"),
     "no W_o": (_mha_variant(use_w_o=False), "without the output projection"),
     "reshape without transpose": (_mha_variant(split="mixing"), "mix positions"),
@@ -261,6 +269,21 @@ def test_multi_head_attention_rejects_wrong_answers(name):
     fn, message = WRONG_MHA[name]
     with pytest.raises(CheckFailure, match=message):
         check_multi_head_attention(fn)
+
+
+def test_dividing_by_dh_is_not_reported_as_dividing_by_sqrt_d_model():
+    with pytest.raises(CheckFailure) as failure:
+        check_multi_head_attention(_mha_variant(scale="d_head"))
+    assert "sqrt(d_model)" not in str(failure.value)
+
+
+def test_the_multi_head_cases_tell_dh_from_sqrt_d_model():
+    from course_lib.course.checks.ch06 import _mha_cases
+
+    for case in _mha_cases(seed=63):
+        d_model, n_heads = case.args[0].shape[-1], case.args[-1]
+        if n_heads > 1:
+            assert not math.isclose(d_model // n_heads, math.sqrt(d_model)), case.name
 
 
 # ------------------------------------------------------------------ 6.4 cross_attention_flops
@@ -315,8 +338,12 @@ def flops_tensor(*args):
     return torch.tensor(flops_formula(*args))
 
 
+def flops_numpy_int(*args):
+    return np.int64(flops_formula(*args))
+
+
 @pytest.mark.parametrize("fn", [flops_formula, flops_per_head, flops_counted_by_hand,
-                                flops_of_torch_mha, flops_float, flops_tensor])
+                                flops_of_torch_mha, flops_numpy_int])
 def test_cross_attention_flops_accepts_correct_answers(fn, capsys):
     check_cross_attention_flops(fn)
     assert "cross_attention_flops is correct" in capsys.readouterr().out
@@ -376,8 +403,11 @@ WRONG_FLOPS = {
     "T x T scores and bias": (
         lambda b, t, s, d, h: _self_attention_formula(b, t, s, d, h) - 4 * b * t * d * d
         + 4 * b * s * d * d + 2 * b * t * d, "grows faster than in proportion to T"),
-    "a string": (lambda *a: f"{flops_formula(*a)}", "should return a number"),
-    "nothing returned": (lambda *a: None, "should return a number"),
+    "a string": (lambda *a: f"{flops_formula(*a)}", "return an int"),
+    "nothing returned": (lambda *a: None, "return an int"),
+    "the right count as a float": (flops_float, r"a float.*// rather than /.*return an int"),
+    "the right count as a 0-d tensor": (flops_tensor, "not a tensor.*return an int"),
+    "a bool": (lambda *a: True, "return an int"),
 }
 
 
@@ -572,8 +602,234 @@ def test_the_checks_leave_the_learners_random_stream_alone():
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_the_new_checks_leave_the_learners_random_stream_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    check_fixed_attention(FixedWithSdpa)
+    with pytest.raises(CheckFailure):
+        check_fixed_attention(SuspectAttention)  # the diagnosis runs the instruments too
+    check_scale_predictions(lambda: (0.25, 4.0))
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_the_ablation_layers_are_not_changed_by_the_check():
     layer = MultiHeadAttention(16, 4)
     before = copy.deepcopy(layer.state_dict())
     ablate_with_the_library(layer, torch.randn(1, 2, 16), [0])
     assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())
+
+
+# ------------------------------------------------------------- 6.1 FixedAttention (find the bug)
+
+
+class SuspectAttention(nn.Module):
+    """The exercise's layer, with its planted mistake: (B, T, D) reshaped to (B, H, T, Dh)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        q, k, v = (y.reshape(b, self.n_heads, t, self.d_head) for y in (q, k, v))
+        heads = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_head), dim=-1) @ v
+        return self.out_proj(heads.transpose(1, 2).reshape(b, t, d))
+
+
+def _repaired(*, split="right", merge="right", scale="head", softmax_dim=-1, use_out=True,
+              returns_tuple=False):
+    class Repaired(SuspectAttention):
+        def forward(self, x):
+            b, t, d = x.shape
+            h, dh = self.n_heads, self.d_head
+            q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+            to_heads = {
+                "right": lambda y: y.reshape(b, t, h, dh).transpose(1, 2),
+                "mixing": lambda y: y.reshape(b, h, t, dh),
+                "interleaved": lambda y: y.reshape(b, t, dh, h).permute(0, 3, 1, 2),
+            }[split]
+            q, k, v = (to_heads(y) for y in (q, k, v))
+            divisor = {"head": math.sqrt(dh), "model": math.sqrt(d)}[scale]
+            heads = torch.softmax(q @ k.transpose(-2, -1) / divisor, dim=softmax_dim) @ v
+            from_heads = {
+                "right": lambda y: y.transpose(1, 2).reshape(b, t, d),
+                "mixing": lambda y: y.reshape(b, t, d),
+                "interleaved": lambda y: y.permute(0, 2, 3, 1).reshape(b, t, d),
+            }[merge]
+            out = self.out_proj(from_heads(heads)) if use_out else from_heads(heads)
+            return (out, None) if returns_tuple else out
+
+    return Repaired
+
+
+class FixedWithSdpa(SuspectAttention):
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (y.view(b, t, self.n_heads, -1).transpose(1, 2)
+                   for y in self.qkv_proj(x).split(d, dim=-1))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.out_proj(out.transpose(1, 2).flatten(2))
+
+
+class FixedWithALoop(SuspectAttention):
+    def forward(self, x):
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        dh = self.d_head
+        heads = []
+        for h in range(self.n_heads):
+            cols = slice(h * dh, (h + 1) * dh)
+            scores = q[..., cols] @ k[..., cols].transpose(-2, -1) / dh ** 0.5
+            heads.append(torch.softmax(scores, dim=-1) @ v[..., cols])
+        return self.out_proj(torch.cat(heads, dim=-1))
+
+
+class FixedWithTheLibrary(SuspectAttention):
+    def forward(self, x):
+        q, k, v = (split_heads(y, self.n_heads) for y in self.qkv_proj(x).chunk(3, dim=-1))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_head), dim=-1)
+        return self.out_proj(merge_heads(weights @ v))
+
+
+class FixedWithEinsum(SuspectAttention):
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (y.unflatten(-1, (self.n_heads, -1)) for y in self.qkv_proj(x).chunk(3, -1))
+        scores = torch.einsum("bthe,bshe->bhts", q, k) / math.sqrt(self.d_head)
+        heads = torch.einsum("bhts,bshe->bthe", scores.softmax(-1), v)
+        return self.out_proj(heads.reshape(b, t, d))
+
+
+@pytest.mark.parametrize("cls", [_repaired(), FixedWithSdpa, FixedWithALoop,
+                                 FixedWithTheLibrary, FixedWithEinsum])
+def test_fixed_attention_accepts_correct_repairs(cls, capsys):
+    check_fixed_attention(cls)
+    assert "equals nn.MultiheadAttention with the same weights" in capsys.readouterr().out
+
+
+class StubbedRepair(SuspectAttention):
+    def forward(self, x):
+        raise NotImplementedError("Exercise: write the body")
+
+
+class CrashingRepair(SuspectAttention):
+    def forward(self, x):
+        raise IndexError("oops")
+
+
+def test_fixed_attention_lets_an_unsolved_stub_fail_as_itself():
+    with pytest.raises(NotImplementedError, match="Exercise: write the body"):
+        check_fixed_attention(StubbedRepair)
+
+
+def test_fixed_attention_reports_a_crash():
+    with pytest.raises(CheckFailure, match="raised IndexError"):
+        check_fixed_attention(CrashingRepair)
+
+
+def _x_in_place(cls):
+    class InPlace(cls):
+        def forward(self, x):
+            out = super().forward(x)
+            x.mul_(2.0)
+            return out
+
+    return InPlace
+
+
+class NewInit(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x)[0]
+
+
+WRONG_REPAIR = {
+    "the suspect unchanged": (SuspectAttention, r"heads-apart property test finds.*head 0"),
+    "split and merge both mixing": (_repaired(split="mixing", merge="mixing"), "who_sees_whom"),
+    "interleaved heads": (_repaired(split="interleaved", merge="interleaved"),
+                          "heads-apart property test"),
+    "merge mixes positions": (_repaired(merge="mixing"), "your merge mixes positions"),
+    "scaled by sqrt(d_model)": (_repaired(scale="model"), r"sqrt\(d_model\)"),
+    "softmax over the queries": (_repaired(softmax_dim=-2), "over the queries"),
+    "no output projection": (_repaired(use_out=False), "output projection"),
+    "returns (out, None)": (_repaired(returns_tuple=True), "not a tuple"),
+    "changes x in place": (_x_in_place(_repaired()), "in place"),
+    "an instance instead of the class": (_repaired()(12, 3), "pass the class itself"),
+    "a new __init__": (NewInit, "keep the __init__"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_REPAIR))
+def test_fixed_attention_rejects_wrong_repairs(name):
+    cls, message = WRONG_REPAIR[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_fixed_attention(cls)
+
+
+@pytest.mark.parametrize("name", ["the suspect unchanged", "split and merge both mixing",
+                                  "interleaved heads", "merge mixes positions",
+                                  "scaled by sqrt(d_model)", "no output projection"])
+def test_a_wrong_repair_is_told_which_instrument_finds_it(name):
+    with pytest.raises(CheckFailure) as failure:
+        check_fixed_attention(WRONG_REPAIR[name][0])
+    message = str(failure.value)
+    assert any(tool in message for tool in ("who_sees_whom", "heads-apart property test",
+                                            "comparing with nn.MultiheadAttention"))
+
+
+def test_heads_apart_holds_for_a_correct_layer_and_fails_for_the_suspect():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 12)
+    good, bad = _repaired()(12, 3).eval(), SuspectAttention(12, 3).eval()
+    assert [heads_moved_by(good, x, h, 3) for h in range(3)] == [[0], [1], [2]]
+    assert heads_moved_by(bad, x, 0, 3) != [0]
+
+
+# ------------------------------------------------------------ 6.2 predictions (predict, verify)
+
+
+@pytest.mark.parametrize("answer", [(0.25, 4), (16 / 64, math.sqrt(16)), [0.25, 4.0],
+                                    (np.float32(0.25), np.int64(4)),
+                                    (torch.tensor(0.25), torch.tensor(4.0)), (0.26, 4.1)])
+def test_scale_predictions_accepts_the_right_numbers(answer, capsys):
+    check_scale_predictions(lambda: answer)
+    out = capsys.readouterr().out
+    assert "predictions hold" in out and "score variance 0.25 with divisor 8" in out
+
+
+WRONG_PREDICTIONS = {
+    "variance still 1": ((1.0, 4.0), "still makes the variance 1"),
+    "variance divided by 8": ((2.0, 4.0), "divided the variance by 8"),
+    "the standard deviation": ((0.5, 4.0), "standard deviation"),
+    "the lecture's 1/16": ((1 / 16, 4.0), "lecture's number"),
+    "before the division": ((16.0, 4.0), "before the division"),
+    "old divisor kept": ((0.25, 8.0), "old divisor"),
+    "divide by Dh": ((0.25, 16.0), "Dh itself"),
+    "divide by sqrt(d_model)": ((0.25, math.sqrt(512)), r"sqrt\(d_model\)"),
+    "a number from nowhere": ((3.0, 4.0), "does not match the setting"),
+    "a divisor from nowhere": ((0.25, 7.0), "does not match the setting"),
+    "one number": (0.25, "two numbers"),
+    "nothing": (None, "two numbers"),
+    "three numbers": ((0.25, 4.0, 1.0), "two numbers"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_PREDICTIONS))
+def test_scale_predictions_rejects_wrong_numbers(name):
+    answer, message = WRONG_PREDICTIONS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_scale_predictions(lambda: answer)
+
+
+def test_the_measurement_agrees_with_the_prediction():
+    var_8, entropy_8 = measured_score_stats(8.0)
+    var_4, entropy_4 = measured_score_stats(4.0)
+    assert abs(var_8 - 0.25) < 0.02 and abs(var_4 - 1.0) < 0.05
+    assert entropy_4 < entropy_8 < math.log(64)

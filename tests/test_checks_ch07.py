@@ -10,20 +10,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import stub
+from torch import nn
 
-from course_lib import layer_norm, rms_norm
+from course_lib import EncoderBlock, FeedForward, MultiHeadAttention, layer_norm, rms_norm
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch07 import (
     check_dropout,
     check_layer_grad_norms,
     check_layer_norm,
+    check_pre_norm_block,
     check_residual_stack,
     check_rms_norm,
+    check_scaled_init,
 )
 from course_lib.course.probes import layer_grad_norms as library_layer_grad_norms
 
 ALL_CHECKS = [check_layer_norm, check_rms_norm, check_residual_stack, check_layer_grad_norms,
-              check_dropout]
+              check_dropout, check_pre_norm_block, check_scaled_init]
 
 
 @pytest.mark.parametrize("check", ALL_CHECKS)
@@ -156,7 +159,7 @@ def test_layer_norm_check_prints_no_warning(recwarn, capsys):
     assert [str(w.message) for w in recwarn] == []
 
 
-# ------------------------------------------------------------------------------ 7.2 rms_norm
+# ------------------------------------------------------------------------------ rms_norm
 
 
 def rms_rsqrt(x, weight, eps=1e-6):
@@ -213,7 +216,7 @@ def test_rms_norm_rejects_wrong_answers(name):
         check_rms_norm(fn)
 
 
-# --------------------------------------------------------------------------- 7.3 residual_stack
+# --------------------------------------------------------------------------- 7.2 residual_stack
 
 
 def stack_loop(x, sublayers, norms, norm_first, final_norm=None):
@@ -530,7 +533,7 @@ def dropout_less_than(x, p, training):
                                 dropout_less_than])
 def test_dropout_accepts_correct_answers(fn, capsys):
     check_dropout(fn)
-    assert "dropout is correct on all 7 test cases" in capsys.readouterr().out
+    assert "dropout is correct on all 8 test cases" in capsys.readouterr().out
 
 
 def test_dropout_check_leaves_the_learners_random_stream_alone():
@@ -539,6 +542,23 @@ def test_dropout_check_leaves_the_learners_random_stream_alone():
     torch.manual_seed(123)
     check_dropout(dropout_rand)
     torch.testing.assert_close(torch.rand(3), expected)
+
+
+def _fixed_count(x, p):
+    """Drops exactly round(p * n) elements, chosen at random: right on average, but not
+    independent per element (the count never varies)."""
+    n = x.numel()
+    drop = torch.zeros(n, dtype=torch.bool)
+    drop[torch.randperm(n)[:round(p * n)]] = True
+    return x * ~drop.view(x.shape) / (1 - p)
+
+
+def _fixed_count_per_row(x, p):
+    """Drops exactly round(p * D) elements in every row."""
+    rows = x.reshape(-1, x.shape[-1])
+    k = round(p * rows.shape[-1])
+    drop = torch.rand(rows.shape).argsort(-1) < k  # k random positions per row
+    return (rows * ~drop / (1 - p)).view(x.shape)
 
 
 def _train_only(wrong):
@@ -575,6 +595,10 @@ WRONG_DROPOUT = {
     "wrong shape": (lambda x, p, training: x.flatten(), "x's shape"),
     "p = 0 breaks": (lambda x, p, training: dropout_rand(x, p, training) if p > 0 else x * 0,
                      "With p = 0 nothing is dropped"),
+    "exactly round(p n) elements": (_train_only(lambda x, p: _fixed_count(x, p)),
+                                    r"exactly round\(p \* n\)"),
+    "exactly round(p D) per row": (_train_only(lambda x, p: _fixed_count_per_row(x, p)),
+                                   r"dropped 32 of 64 values at every one of 200 calls"),
 }
 
 
@@ -593,3 +617,221 @@ def test_dropout_check_catches_in_place_changes():
 
     with pytest.raises(CheckFailure, match="changed its input 'x' in place"):
         check_dropout(in_place)
+
+
+# ------------------------------------------------------------------ 7.3 pre-norm block, find the bug
+
+
+class BuggyPreNormBlock(nn.Module):
+    """The exercise's block: pre-norm meant, but its second step is post-norm."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.ff = FeedForward(d_model)
+        self.ff_norm = nn.LayerNorm(d_model)
+
+    def forward(self, x):
+        a, _ = self.self_attn(self.attn_norm(x))
+        x = x + a
+        return self.ff_norm(x + self.ff(x))
+
+
+class FixedBlock(BuggyPreNormBlock):
+    def forward(self, x):
+        a, _ = self.self_attn(self.attn_norm(x))
+        x = x + a
+        return x + self.ff(self.ff_norm(x))
+
+
+class LoopBlock(BuggyPreNormBlock):
+    """Another correct formulation: one loop over (norm, sublayer) pairs."""
+
+    def forward(self, x):
+        for norm, f in ((self.attn_norm, lambda h: self.self_attn(h)[0]),
+                        (self.ff_norm, self.ff)):
+            x = x + f(norm(x))
+        return x
+
+
+class TupleBlock(BuggyPreNormBlock):
+    """Returns (output, weights) as EncoderBlock does."""
+
+    def forward(self, x):
+        a, weights = self.self_attn(self.attn_norm(x), return_weights=True)
+        x = x + a
+        return x + self.ff(self.ff_norm(x)), weights
+
+
+@pytest.mark.parametrize("cls", [FixedBlock, LoopBlock, TupleBlock])
+def test_pre_norm_block_accepts_correct_fixes(cls, capsys):
+    check_pre_norm_block(cls)
+    assert "equals course_lib's pre-norm EncoderBlock" in capsys.readouterr().out
+
+
+class PostNormBlock(BuggyPreNormBlock):
+    def forward(self, x):
+        x = self.attn_norm(x + self.self_attn(x)[0])
+        return self.ff_norm(x + self.ff(x))
+
+
+class OutputNormalised(BuggyPreNormBlock):
+    def forward(self, x):
+        x = x + self.self_attn(self.attn_norm(x))[0]
+        return self.ff_norm(x + self.ff(self.ff_norm(x)))
+
+
+class NoResidual(BuggyPreNormBlock):
+    def forward(self, x):
+        x = x + self.self_attn(self.attn_norm(x))[0]
+        return self.ff(self.ff_norm(x))
+
+
+class NormalisedResidual(BuggyPreNormBlock):
+    def forward(self, x):
+        x = x + self.self_attn(self.attn_norm(x))[0]
+        return self.ff_norm(x) + self.ff(self.ff_norm(x))
+
+
+class SwappedNorms(BuggyPreNormBlock):
+    """Each sublayer reads the other's norm: no known fingerprint, only the instrument."""
+
+    def forward(self, x):
+        x = x + self.self_attn(self.ff_norm(x))[0]
+        return x + self.ff(self.attn_norm(x))
+
+
+class RenamedBlock(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.block = EncoderBlock(d_model, n_heads)
+
+    def forward(self, x):
+        return self.block(x)[0]
+
+
+WRONG_BLOCKS = {
+    "unchanged": (BuggyPreNormBlock, "still computes what the buggy block computes"),
+    "post-norm": (PostNormBlock, "post-norm in BOTH steps"),
+    "output normalised": (OutputNormalised, "normalises its output"),
+    "no residual": (NoResidual, "lost its residual connection"),
+    "normalised residual": (NormalisedResidual, "adds the NORMALISED stream"),
+    "swapped norms": (SwappedNorms, "(?s)wrong values.*first_divergence.*first divergence"),
+    "renamed parameters": (RenamedBlock, "Keep its __init__"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_BLOCKS))
+def test_pre_norm_block_rejects_wrong_fixes(name):
+    cls, message = WRONG_BLOCKS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_pre_norm_block(cls)
+
+
+@pytest.mark.parametrize("cls", [BuggyPreNormBlock, PostNormBlock, SwappedNorms])
+def test_pre_norm_block_failures_name_the_instrument(cls):
+    with pytest.raises(CheckFailure, match="(?s)Instrument: equality with the reference.*"
+                                           "first_divergence"):
+        check_pre_norm_block(cls)
+
+
+def test_pre_norm_block_unsolved_forward_fails_as_itself():
+    class Stub(BuggyPreNormBlock):
+        def forward(self, x):
+            raise NotImplementedError("Exercise 7.3: write the body of forward")
+
+    with pytest.raises(NotImplementedError, match="Exercise 7.3"):
+        check_pre_norm_block(Stub)
+
+
+def test_pre_norm_block_check_leaves_the_learners_random_stream_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    check_pre_norm_block(FixedBlock)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+# ----------------------------------------------------------------- 7.6 1/sqrt(2N) initialisation
+
+
+def _gpt2_blocks(d, n_blocks, divisor, *, biases=True, which=("out_proj", "fc2")):
+    blocks = [EncoderBlock(d, 4) for _ in range(n_blocks)]
+    for block in blocks:
+        for module in (block.self_attn, block.ff):
+            for linear in [m for m in module.modules() if isinstance(m, nn.Linear)]:
+                nn.init.normal_(linear.weight, std=0.02)
+                if biases:
+                    nn.init.zeros_(linear.bias)
+        if divisor is not None:
+            by_name = {"out_proj": block.self_attn.out_proj, "fc2": block.ff.fc2,
+                       "qkv_proj": block.self_attn.qkv_proj, "fc1": block.ff.fc1}
+            for name in which:
+                nn.init.normal_(by_name[name].weight, std=0.02 / divisor(n_blocks))
+    return blocks
+
+
+def _final_std(blocks, x):
+    h = x
+    for block in blocks:
+        h = block(h)[0]
+    return float(h.std())
+
+
+def stream_modules(x, n_blocks, scaled):
+    divisor = (lambda n: math.sqrt(2 * n)) if scaled else None
+    return _final_std(_gpt2_blocks(x.shape[-1], n_blocks, divisor), x)
+
+
+def stream_named_parameters(x, n_blocks, scaled):
+    """Another correct formulation: by parameter names, scaled after the fact, a tensor out."""
+    torch.manual_seed(n_blocks)
+    blocks = nn.Sequential(*(EncoderBlock(x.shape[-1], 4) for _ in range(n_blocks)))
+    with torch.no_grad():
+        for name, p in blocks.named_parameters():
+            if "norm" in name:
+                continue
+            if p.dim() == 2:
+                p.normal_(0.0, 0.02)
+                if scaled and (name.endswith("out_proj.weight") or name.endswith("fc2.weight")):
+                    p.div_(math.sqrt(2 * n_blocks))
+            else:
+                p.zero_()
+        h = x
+        for block in blocks:
+            h = block(h)[0]
+    return h.std()
+
+
+@pytest.mark.parametrize("fn", [stream_modules, stream_named_parameters])
+def test_scaled_init_accepts_correct_experiments(fn, capsys):
+    check_scaled_init(fn)
+    out = capsys.readouterr().out
+    assert "with 1/sqrt(2N) it stays within" in out
+    assert "0.02 / sqrt(2N)" in out  # the measurements are printed after the verdict
+
+
+WRONG_EXPERIMENTS = {
+    "divides by 2N": (lambda x, n, s: _final_std(_gpt2_blocks(
+        x.shape[-1], n, (lambda m: 2 * m) if s else None), x), "shrinks with depth"),
+    "default biases kept": (lambda x, n, s: _final_std(_gpt2_blocks(
+        x.shape[-1], n, (lambda m: math.sqrt(2 * m)) if s else None, biases=False), x),
+        "still grows with depth"),
+    "fixed N = 2 in the scaling": (lambda x, n, s: _final_std(_gpt2_blocks(
+        x.shape[-1], n, (lambda m: 2.0) if s else None), x), "still grows with depth"),
+    "measured after a final LayerNorm": (lambda x, n, s: float(F.layer_norm(
+        _gpt2_blocks(x.shape[-1], n, None)[-1](x)[0], (x.shape[-1],)).std()), "about 1"),
+    "scaled ignored": (lambda x, n, s: stream_modules(x, n, False), "use its `scaled`"),
+    "standard-normal weights": (lambda x, n, s: float(EncoderBlock(x.shape[-1], 4)(x)[0].std())
+                                + 0 * n, "grows only"),
+    "returns a list": (lambda x, n, s: [stream_modules(x, n, s)], "one number"),
+    "returns a negative number": (lambda x, n, s: -stream_modules(x, n, s), "positive"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_EXPERIMENTS))
+def test_scaled_init_rejects_wrong_experiments(name):
+    fn, message = WRONG_EXPERIMENTS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_scaled_init(fn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,13 +19,15 @@ from course_lib.course.checks.ch08 import (
     check_bert_layer,
     check_cross_attention,
     check_gpt2_parameter_count,
+    check_masking_predictions,
     check_mean_pool,
 )
 from course_lib.layers import FeedForward
 
 
 @pytest.mark.parametrize("check", [check_cross_attention, check_bert_layer,
-                                   check_gpt2_parameter_count, check_mean_pool])
+                                   check_gpt2_parameter_count, check_mean_pool,
+                                   check_masking_predictions])
 def test_an_unsolved_stub_fails_as_itself(check):
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
         check(stub)
@@ -309,7 +312,8 @@ def count_with_modules(config):
 
 @pytest.mark.parametrize("fn", [count_by_formula, count_with_modules,
                                 lambda c: float(count_by_formula(c)),
-                                lambda c: torch.tensor(count_by_formula(c))])
+                                lambda c: torch.tensor(count_by_formula(c)),
+                                lambda c: np.int64(count_by_formula(c))])  # numpy integers too
 def test_gpt2_parameter_count_accepts_correct_answers(fn, capsys):
     check_gpt2_parameter_count(fn)
     assert "gpt2_parameter_count is correct" in capsys.readouterr().out
@@ -395,6 +399,9 @@ WRONG_POOL = {
     "normalised": (lambda h, k: F.normalize(pool_masked_sum(h, k), dim=-1), "length 1"),
     "0 / 0": (lambda h, k: _sum(h, k) / k.sum(1, keepdim=True), "0 / 0 is NaN"),
     "keepdim forgotten": (lambda h, k: _sum(h, k) / k.sum(1), "shape|raised"),
+    # the planted bug of the exercise: the sum runs over the pads, the count over real tokens
+    "planted: pads summed": (lambda h, k: h.sum(1) / k.sum(1, keepdim=True).clamp(min=1e-9),
+                             "still includes the pad vectors"),
 }
 
 
@@ -403,3 +410,78 @@ def test_mean_pool_rejects_wrong_answers(name):
     fn, message = WRONG_POOL[name]
     with pytest.raises(CheckFailure, match=message):
         check_mean_pool(fn)
+
+
+def test_mean_pool_failures_name_the_instrument_that_finds_the_bug():
+    with pytest.raises(CheckFailure, match="instrument that finds this bug.*padded batch"):
+        check_mean_pool(WRONG_POOL["planted: pads summed"][0])
+
+
+def test_the_planted_bug_of_exercise_8_4_really_changes_a_padded_sentence():
+    hidden = torch.randn(2, 5, 4)
+    keep = torch.tensor([[True, True, False, False, False], [True] * 5])
+    buggy = WRONG_POOL["planted: pads summed"][0]
+    alone = buggy(hidden[:1, :2], keep[:1, :2])
+    assert not torch.allclose(buggy(hidden, keep)[:1], alone)
+    assert torch.allclose(pool_masked_sum(hidden, keep)[:1], alone)
+
+
+# ------------------------------------------------------------ 8.5 what the masking rule does
+
+
+def predict_exact():
+    return {"mask_share": 0.15 * 0.8, "changed_share": 0.15 * (0.8 + 0.1 * 64 / 65),
+            "scored_share": 0.15}
+
+
+def predict_rounded():  # 0.12 + 0.015, forgetting that a random draw may hit the original
+    return {"scored_share": 0.15, "mask_share": 0.12, "changed_share": 0.135}
+
+
+def predict_other_types():
+    import fractions
+
+    return {"mask_share": np.float64(0.12), "changed_share": torch.tensor(0.1348),
+            "scored_share": fractions.Fraction(3, 20)}
+
+
+@pytest.mark.parametrize("fn", [predict_exact, predict_rounded, predict_other_types])
+def test_masking_predictions_accept_correct_answers(fn, capsys):
+    check_masking_predictions(fn)
+    out = capsys.readouterr().out
+    assert "all three predictions are right" in out and "measured" in out
+
+
+def _with(**changes):
+    return lambda: {**predict_exact(), **changes}
+
+
+WRONG_MASKING = {
+    "selected, not masked": (_with(mask_share=0.15), "only 80% of those show"),
+    "share among the selected": (_with(mask_share=0.8), "among the selected"),
+    "every selected token changes": (_with(changed_share=0.15), "keep their own token"),
+    "random replacements forgotten": (_with(changed_share=0.12), "random token change too"),
+    "only [MASK] scored": (_with(scored_share=0.12), "counts every selected position"),
+    "every position scored": (_with(scored_share=1.0), "-100"),
+    "a percentage": (_with(mask_share=12), "percentage"),
+    "far off": (_with(scored_share=0.3), "Follow one position"),
+    "not a number": (_with(scored_share="15%"), "should be a number"),
+    "a key missing": (lambda: {"mask_share": 0.12, "changed_share": 0.135}, "lacks the key"),
+    "not a dict": (lambda: [0.12, 0.135, 0.15], "should return a dict"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_MASKING))
+def test_masking_predictions_reject_wrong_answers(name):
+    fn, message = WRONG_MASKING[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_masking_predictions(fn)
+
+
+def test_the_measured_shares_agree_with_the_rule():
+    from course_lib.course.checks.ch08 import measured_masking
+
+    measured = measured_masking()
+    expected = predict_exact()
+    for key, value in measured.items():
+        assert abs(value - expected[key]) < 0.004, key  # 200,000 positions: a few std

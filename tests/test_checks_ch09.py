@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,18 +13,23 @@ from helpers import stub
 
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch09 import (
+    CACHE_CONFIG,
+    PROBS_MISTAKES,
+    TIE_CASE,
     _probs_cases,
     check_alignment_score,
     check_attend_with_cache,
     check_greedy_decode,
+    check_kv_cache_bytes,
     check_next_token_loss,
     check_next_token_probs,
 )
+from course_lib.generation import next_token_probs
 
 
 @pytest.mark.parametrize("check", [check_next_token_loss, check_next_token_probs,
                                    check_greedy_decode, check_alignment_score,
-                                   check_attend_with_cache])
+                                   check_attend_with_cache, check_kv_cache_bytes])
 def test_an_unsolved_stub_fails_as_itself(check):
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
         check(stub)
@@ -146,12 +152,10 @@ def probs_power(logits, temperature=1.0, top_k=None, top_p=None):
         kth = torch.topk(probs, top_k, -1).values[:, -1:]
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
         probs = probs / probs.sum(-1, keepdim=True)
-    if top_p is not None:
-        sorted_probs, order = probs.sort(-1, descending=True)
-        cumulative = sorted_probs.cumsum(-1)
-        remove = cumulative > top_p
-        remove[:, 1:] = remove[:, :-1].clone()  # shift right: keep the token crossing p
-        remove[:, 0] = False
+    if top_p is not None:  # Hugging Face's rule: drop the least likely while their mass <= 1 - p
+        sorted_probs, order = probs.sort(-1, descending=False)
+        remove = sorted_probs.cumsum(-1) <= 1 - top_p
+        remove[:, -1] = False  # the most likely token always stays
         probs = probs.masked_fill(remove.scatter(-1, order, remove), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
@@ -163,10 +167,15 @@ def test_next_token_probs_accepts_correct_answers(fn, capsys):
     assert "next_token_probs is correct" in capsys.readouterr().out
 
 
-def test_the_top_p_cases_stay_clear_of_rounding_ties():
+def test_the_top_p_cases_stay_clear_of_rounding_ties_except_the_exact_one():
     for case in _probs_cases():
         top_p = case.kwargs["top_p"]
         if top_p is None or top_p >= 1:
+            continue
+        if case.name == TIE_CASE:  # exact in binary: the mass before the 2nd token IS top_p
+            probs = torch.softmax(case.args[0], -1).sort(-1, descending=True).values
+            assert (probs[:, 0] == top_p).all() and (probs[:, 1:] == 0.25).all()
+            assert (next_token_probs(case.args[0], top_p=top_p).max(-1).values == 1).all()
             continue
         probs = torch.softmax(case.args[0] / case.kwargs["temperature"], -1)
         sorted_probs = probs.sort(-1, descending=True).values
@@ -181,6 +190,17 @@ def _top_p_exclusive(logits, temperature=1.0, top_k=None, top_p=None):
     sorted_probs, order = probs.sort(-1, descending=True)
     keep = sorted_probs.cumsum(-1) <= top_p
     keep[:, 0] = True
+    probs = probs * torch.zeros_like(keep).scatter(-1, order, keep)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _top_p_keeps_tie(logits, temperature=1.0, top_k=None, top_p=None):
+    """Keeps a token while the mass before it is <= p: one token too many at an exact tie."""
+    probs = probs_sort_scatter(logits, temperature, top_k, None)
+    if top_p is None:
+        return probs
+    sorted_probs, order = probs.sort(-1, descending=True)
+    keep = sorted_probs.cumsum(-1) - sorted_probs <= top_p
     probs = probs * torch.zeros_like(keep).scatter(-1, order, keep)
     return probs / probs.sum(-1, keepdim=True)
 
@@ -205,6 +225,13 @@ WRONG_PROBS = {
             logits, temperature, None if top_k is None else min(top_k + 1, logits.shape[-1]),
             top_p), "k \\+ 1 tokens"),
     "top-p drops the crossing token": (_top_p_exclusive, "stops before the token"),
+    "top-p keeps the token after an exact tie": (_top_p_keeps_tie, "equals p exactly"),
+    "top-k skipped": (
+        lambda logits, temperature=1.0, top_k=None, top_p=None: probs_sort_scatter(
+            logits, temperature, None, top_p), "ignores top_k"),
+    "top-p skipped": (
+        lambda logits, temperature=1.0, top_k=None, top_p=None: probs_sort_scatter(
+            logits, temperature, top_k, None), "ignores top_p"),
     "not renormalised": (_top_p_unnormalised, "do not sum to 1"),
     "top-p before top-k": (
         lambda logits, temperature=1.0, top_k=None, top_p=None: _then_top_k(
@@ -241,6 +268,32 @@ def test_next_token_probs_rejects_wrong_answers(name):
     fn, message = WRONG_PROBS[name]
     with pytest.raises(CheckFailure, match=message):
         check_next_token_probs(fn)
+
+
+@pytest.mark.parametrize("index", range(len(PROBS_MISTAKES)))
+def test_each_sampling_mistake_gets_its_own_message(index):
+    mistake = PROBS_MISTAKES[index]
+    with pytest.raises(CheckFailure) as failure:
+        check_next_token_probs(mistake.wrong)
+    assert str(failure.value).startswith(mistake.message)
+
+
+def test_the_cases_tell_every_pair_of_sampling_mistakes_apart():
+    cases = _probs_cases()
+
+    def outputs(fn):
+        return [fn(*case.args, **case.kwargs) for case in cases]
+
+    def same(a, b):
+        return all(x.shape == y.shape and torch.allclose(x, y, atol=1e-5, rtol=1e-4)
+                   for x, y in zip(a, b, strict=True))
+
+    right = outputs(lambda logits, **kw: next_token_probs(logits, **kw))
+    wrong = [outputs(m.wrong) for m in PROBS_MISTAKES]
+    for i, a in enumerate(wrong):
+        assert not same(a, right), PROBS_MISTAKES[i].message
+        for j in range(i + 1, len(wrong)):
+            assert not same(a, wrong[j]), (PROBS_MISTAKES[i].message, PROBS_MISTAKES[j].message)
 
 
 # ----------------------------------------------------------------------- 9.3 greedy_decode
@@ -349,12 +402,24 @@ def score_loop(weights, alignment):
     return hits / total
 
 
-def score_tensor(weights, alignment):
+def score_selected(weights, alignment):
     keep = alignment != -100
-    return (weights.argmax(dim=-1)[keep] == alignment[keep]).float().mean()  # a 0-D tensor
+    return (weights.argmax(dim=-1)[keep] == alignment[keep]).float().mean().item()
 
 
-@pytest.mark.parametrize("fn", [score_masks, score_loop, score_tensor])
+def score_numpy(weights, alignment):
+    peaks, gold = weights.argmax(-1).numpy(), alignment.numpy()
+    scored = gold != -100
+    return np.float32((peaks == gold)[scored].mean())  # a numpy floating
+
+
+def buggy_alignment_score(weights, alignment):  # the planted bug of the exercise
+    peaks = weights.argmax(dim=-1)
+    hits = (peaks == alignment).sum().item()
+    return hits / alignment.numel()
+
+
+@pytest.mark.parametrize("fn", [score_masks, score_loop, score_selected, score_numpy])
 def test_alignment_score_accepts_correct_answers(fn, capsys):
     check_alignment_score(fn)
     assert "alignment_score is correct" in capsys.readouterr().out
@@ -376,7 +441,12 @@ WRONG_SCORE = {
                                      / (a != -100).sum()), "above 0.5"),
     "soft score": (lambda w, a: float((_gold_weight(w, a) * (a != -100)).sum()
                                       / (a != -100).sum()), "averaged the weight"),
-    "per-row scores": (lambda w, a: (w.argmax(-1) == a).float().mean(-1), "should be a number"),
+    "per-row scores": (lambda w, a: (w.argmax(-1) == a).float().mean(-1), "return a float"),
+    "a 0-D tensor": (lambda w, a: torch.tensor(score_masks(w, a)), "return a float.*item"),
+    "an int": (lambda w, a: int(score_masks(w, a) > 0.5), "return a float"),
+    "the planted bug, not fixed": (buggy_alignment_score, "including the ones without.*perfect"),
+    "wrong without a known mistake": (lambda w, a: score_masks(w, a) * 0.9,
+                                      "course_lib.metrics.alignment_score gives.*perfect head"),
 }
 
 
@@ -481,3 +551,46 @@ def test_checks_do_not_touch_the_learners_inputs():
 
     with pytest.raises(CheckFailure, match="changed its input 'q' in place"):
         check_attend_with_cache(in_place)
+
+
+
+# ---------------------------------------------------------------- 9.6 predict cache bytes
+
+
+def bytes_from_config():
+    c = CACHE_CONFIG
+    return 2 * c.n_layers * c.d_model * 4  # keys and values, every layer, float32
+
+
+def bytes_per_head():
+    c = CACHE_CONFIG
+    bytes_per_number = torch.finfo(torch.float32).bits // 8
+    return c.n_layers * 2 * c.n_heads * (c.d_model // c.n_heads) * bytes_per_number
+
+
+@pytest.mark.parametrize("fn", [bytes_from_config, bytes_per_head, lambda: np.int64(2304)])
+def test_kv_cache_bytes_accepts_correct_answers(fn, capsys):
+    check_kv_cache_bytes(fn)
+    out = capsys.readouterr().out
+    assert "is right" in out and "measured: 2,304 bytes per token" in out
+
+
+WRONG_BYTES = {
+    "keys only": (lambda: 1152, "keys only"),
+    "one layer": (lambda: 768, "one layer"),
+    "numbers, not bytes": (lambda: 576, "not bytes"),
+    "one head": (lambda: 384, "one head"),
+    "heads twice": (lambda: 13824, "heads twice"),
+    "bits": (lambda: 18432, "bits"),
+    "unknown": (lambda: 1000, "(?s)Count the tensors.*measured: 2,304"),
+    "a float": (lambda: 2304.0, "return an int"),
+    "a tensor": (lambda: torch.tensor(2304), "return an int"),
+    "a bool": (lambda: True, "return an int"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_BYTES))
+def test_kv_cache_bytes_rejects_wrong_answers(name):
+    fn, message = WRONG_BYTES[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_kv_cache_bytes(fn)

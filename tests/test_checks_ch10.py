@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,9 @@ from helpers import stub
 from course_lib import efficient
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch10 import (
+    buggy_chunked_attention,
     check_causal_chunked_attention,
+    check_fixed_chunked_attention,
     check_longest_sequence,
     check_online_softmax_stats,
     check_sliding_window_mask,
@@ -21,7 +24,8 @@ from course_lib.course.checks.ch10 import (
 
 
 @pytest.mark.parametrize("check", [check_online_softmax_stats, check_causal_chunked_attention,
-                                   check_sliding_window_mask, check_longest_sequence])
+                                   check_sliding_window_mask, check_longest_sequence,
+                                   check_fixed_chunked_attention])
 def test_an_unsolved_stub_fails_as_itself(check):
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
         check(stub)
@@ -66,13 +70,14 @@ def stats_first_block(blocks):
 
 
 def stats_logaddexp(blocks):
-    """A running log-sum-exp, turned into (max, sum) at the end."""
+    """A running log-sum-exp, turned into (max, sum) at the end (a row that saw no key keeps
+    lse = m = -inf: its sum is exp(-inf) = 0)."""
     lse = torch.full(blocks[0].shape[:-1], float("-inf"))
     m = lse.clone()
     for block in blocks:
         lse = torch.logaddexp(lse, torch.logsumexp(block, -1))
         m = torch.maximum(m, block.amax(-1))
-    return m, torch.exp(lse - m)
+    return m, torch.exp(lse - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
 
 
 @pytest.mark.parametrize("fn", [stats_loop_guarded, stats_first_block, stats_logaddexp,
@@ -115,8 +120,32 @@ def stats_nan_first_block(blocks):
     return m, s
 
 
+def stats_started_at(blocks, start):
+    """The running maximum starts at a very negative finite number instead of -inf: right for
+    every row with at least one allowed key, finite (not -inf) for a row with none."""
+    m = torch.full(blocks[0].shape[:-1], start)
+    s = torch.zeros(blocks[0].shape[:-1])
+    for block in blocks:
+        new_m = torch.maximum(m, block.amax(-1))
+        s = s * torch.exp(m - new_m) + torch.exp(block - new_m[..., None]).sum(-1)
+        m = new_m
+    return m, s
+
+
+
+def stats_logaddexp_unguarded(blocks):
+    """The running log-sum-exp, with exp(lse - m) = exp(-inf - (-inf)) = NaN for a row that
+    saw no key."""
+    lse = torch.full(blocks[0].shape[:-1], float("-inf"))
+    m = lse.clone()
+    for block in blocks:
+        lse = torch.logaddexp(lse, torch.logsumexp(block, -1))
+        m = torch.maximum(m, block.amax(-1))
+    return m, torch.exp(lse - m)
+
 WRONG_STATS = {
-    "no rescaling": (_stats_with(lambda s, m, new_m, b: s + torch.exp(b - new_m[..., None]).sum(-1)),
+    "no rescaling": (_stats_with(lambda s, m, new_m, b: s + torch.exp(
+        b - new_m[..., None]).sum(-1)),
                      "not rescaled when the maximum grows"),
     "inverted rescaling": (_stats_with(lambda s, m, new_m, b: s * torch.exp(new_m - m)
                                        + torch.exp(b - new_m[..., None]).sum(-1)),
@@ -132,7 +161,13 @@ WRONG_STATS = {
     "only the sum": (lambda blocks: stats_loop(blocks)[1], r"pair \(row_max, row_sum\)"),
     "NaN from -inf start and inverted factor": (stats_nan_first_block, "first block"),
     "NaN after a masked first block": (stats_loop, r"exp\(-inf - \(-inf\)\).*shift such rows by 0"),
+    "max started at finfo.min": (lambda blocks: stats_started_at(blocks, torch.finfo(
+        torch.float32).min), r"start at torch\.finfo\(dtype\)\.min, not -inf"),
+    "max started at -1e9": (lambda blocks: stats_started_at(blocks, -1e9),
+                            r"start at -1e\+09, not -inf.*row_max = -inf and row_sum = 0"),
+    "NaN for a row with no key": (stats_logaddexp_unguarded, r"shift such rows by 0"),
 }
+
 
 
 @pytest.mark.parametrize("name", list(WRONG_STATS))
@@ -406,10 +441,16 @@ def longest_search(budget, batch, heads, dtype):
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
-    return torch.tensor(low)
+    return low
 
 
-@pytest.mark.parametrize("fn", [longest_isqrt, longest_float_sqrt, longest_search])
+def longest_numpy(budget, batch, heads, dtype):
+    """A numpy integer, as np.floor(...).astype(np.int64) or np.int64(...) give."""
+    return np.int64(np.sqrt(budget // (batch * heads * dtype.itemsize)))
+
+
+@pytest.mark.parametrize("fn", [longest_isqrt, longest_float_sqrt, longest_search,
+                                longest_numpy])
 def test_longest_sequence_accepts_correct_answers(fn, capsys):
     check_longest_sequence(fn)
     assert "longest_sequence is correct" in capsys.readouterr().out
@@ -437,6 +478,13 @@ WRONG_LONGEST = {
                     "should return an int"),
     "a string": (lambda b, bt, h, dt: f"{longest_isqrt(b, bt, h, dt)} tokens",
                  "should return an int"),
+    "a whole float": (lambda b, bt, h, dt: float(longest_isqrt(b, bt, h, dt)),
+                      r"returned a float \(\d+\.0\).*return an int"),
+    "a tensor": (lambda b, bt, h, dt: torch.tensor(longest_isqrt(b, bt, h, dt)),
+                 r"returned a tensor of shape \(\).*return an int.*\.item\(\)"),
+    "a numpy float": (lambda b, bt, h, dt: np.floor(np.sqrt(b / (bt * h * dt.itemsize))),
+                      "return an int"),
+    "a bool": (lambda b, bt, h, dt: True, "return an int"),
     "off by two": (lambda b, bt, h, dt: longest_isqrt(b, bt, h, dt) - 2, "a longer sequence"),
     "too long": (lambda b, bt, h, dt: longest_isqrt(b, bt, h, dt) + 3, "does not fit"),
 }
@@ -447,3 +495,95 @@ def test_longest_sequence_rejects_wrong_answers(name):
     fn, message = WRONG_LONGEST[name]
     with pytest.raises(CheckFailure, match=message):
         check_longest_sequence(fn)
+
+
+
+# ---------------------------------------------------------------------- 10.5 find the bug
+
+
+def fixed_loop(q, k, v, block_size):
+    """The given function with the running sum rescaled too: the reference solution."""
+    row_max = torch.full((*q.shape[:-1], 1), float("-inf"))
+    row_sum = torch.zeros((*q.shape[:-1], 1))
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]))
+    for k_block, v_block in zip(k.split(block_size, -2), v.split(block_size, -2), strict=True):
+        scores = q @ k_block.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        new_max = torch.maximum(row_max, scores.amax(-1, keepdim=True))
+        correction = torch.exp(row_max - new_max)
+        p = torch.exp(scores - new_max)
+        row_sum = row_sum * correction + p.sum(-1, keepdim=True)
+        out = out * correction + p @ v_block
+        row_max = new_max
+    return out / row_sum
+
+
+def fixed_normalised(q, k, v, block_size):
+    """Another correct formulation: keep the output normalised after every block (out is the
+    softmax-weighted average so far), with einsum."""
+    m = total = out = None
+    for start in range(0, k.shape[-2], block_size):
+        s = torch.einsum("...td,...sd->...ts", q, k[..., start:start + block_size, :])
+        s = s / q.shape[-1] ** 0.5
+        block_max = s.amax(-1, keepdim=True)
+        m_new = block_max if m is None else torch.maximum(m, block_max)
+        p = (s - m_new).exp()
+        block_out = torch.einsum("...ts,...sd->...td", p, v[..., start:start + block_size, :])
+        if m is None:
+            l_new = p.sum(-1, keepdim=True)
+            out = block_out / l_new
+        else:
+            old = total * (m - m_new).exp()
+            l_new = old + p.sum(-1, keepdim=True)
+            out = (out * old + block_out) / l_new
+        m, total = m_new, l_new
+    return out
+
+
+@pytest.mark.parametrize("fn", [fixed_loop, fixed_normalised,
+                                lambda q, k, v, b: efficient.chunked_attention(
+                                    q, k, v, block_size=b)])
+def test_fixed_chunked_attention_accepts_correct_fixes(fn, capsys):
+    check_fixed_chunked_attention(fn)
+    assert "fixed_chunked_attention is correct" in capsys.readouterr().out
+
+
+def test_the_planted_bug_is_a_bug_only_between_blocks():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 10, 8, generator=gen) for _ in range(3))
+    exact = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(buggy_chunked_attention(q, k, v, 10), exact)
+    assert not torch.allclose(buggy_chunked_attention(q, k, v, 3), exact, atol=1e-3)
+
+
+WRONG_FIX = {
+    "unchanged": (buggy_chunked_attention, "still the given function's output"),
+    "neither rescaled": (lambda q, k, v, b: unmasked_loop(q, k, v, b, rescale_sum=False,
+                                                             rescale_out=False),
+                         "neither the running sum nor the running output"),
+    "bug moved": (lambda q, k, v, b: unmasked_loop(q, k, v, b, rescale_out=False),
+                  "the bug has moved"),
+    "no division": (lambda q, k, v, b: unmasked_loop(q, k, v, b, divide=False),
+                    "without the final division"),
+    "off by a little": (lambda q, k, v, b: fixed_loop(q, k, v, b) * 1.01, "wrong values"),
+    "whole score matrix": (lambda q, k, v, b: torch.softmax(
+        q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v, "whole score matrix"),
+    "fused attention": (lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v),
+                        "comes from F.scaled_dot_product_attention"),
+    "a tuple": (lambda q, k, v, b: (fixed_loop(q, k, v, b), None), "not a tuple"),
+}
+
+
+def unmasked_loop(q, k, v, block_size, **slips):
+    """Key-blocked attention without a mask, with the given slips (see causal_loop)."""
+    n = q.shape[-2]
+    big = n + k.shape[-2]  # an offset past every key: nothing is masked
+    return causal_loop(q, k, v, block_size, offset=big, **slips)
+
+
+@pytest.mark.parametrize("name", list(WRONG_FIX))
+def test_fixed_chunked_attention_rejects_wrong_fixes(name):
+    fn, message = WRONG_FIX[name]
+    with pytest.raises(CheckFailure, match=message) as failure:
+        check_fixed_chunked_attention(fn)
+    if name not in ("whole score matrix", "fused attention"):
+        assert "equality with the reference" in str(failure.value)  # the instrument is named

@@ -6,6 +6,7 @@ and compares each cell's output with the stored one.)
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -16,6 +17,7 @@ from course_lib.course.grade import grade_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+DEEPER = sorted((ROOT / "notebooks" / "deeper").glob("[0-9][0-9]_*.ipynb"))
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
 
@@ -31,10 +33,12 @@ def test_every_solution_has_a_current_exercise_notebook():
 
 
 def test_every_notebook_starts_with_the_set_up_cell():
-    assert colab.sync([ROOT / "notebooks", ROOT / "solutions"], check=True) == []
+    assert colab.sync([ROOT / folder for folder in colab.NOTEBOOK_FOLDERS], check=True) == []
 
 
-@pytest.mark.parametrize("path", LECTURES + SOLUTIONS, ids=_ids(LECTURES + SOLUTIONS))
+@pytest.mark.parametrize(
+    "path", LECTURES + DEEPER + SOLUTIONS, ids=_ids(LECTURES + DEEPER + SOLUTIONS)
+)
 def test_notebook_structure(path):
     nb = nbformat.read(path, as_version=4)
     first = nb.cells[0]
@@ -66,3 +70,73 @@ def test_exercise_notebook_fails_only_at_its_graded_cells(path):
     for e in result.exercises:
         assert e.status == "not done", f"{e.exercise} {e.name}: {e.status} ({e.detail})"
         assert f"Exercise {e.exercise}:" in e.detail
+
+
+# --- the learner's path (DESIGN.md): an hour's core notebook, depth apart, labelled exercises
+
+WORD_BUDGET = 2500
+KINDS_THAT_MAKE_YOU_THINK = ("predict then verify", "experiment", "find the bug")
+LABEL_RE = re.compile(r"\*\*(★{1,3}) (quick|standard|challenge) · (\d+) min · ([a-z ]+)\*\*")
+
+
+def prose_words(nb: nbformat.NotebookNode) -> int:
+    """Words of markdown in a notebook (everything a learner reads, answers and references too)."""
+    return sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=_ids(LECTURES))
+def test_core_notebook_is_an_hour_with_its_time_and_prerequisites(path):
+    nb = nbformat.read(path, as_version=4)
+    words = prose_words(nb)
+    assert words <= WORD_BUDGET, f"{words} words of prose; the core notebook's budget is {WORD_BUDGET}"
+    intro = nb.cells[0].source
+    assert re.search(r"\*\*Time:\*\* about \d+ min", intro), "the first cell gives the time"
+    assert "**Assumes:**" in intro, "the first cell says what the chapter assumes"
+    quiz = [c.source for c in nb.cells if c.cell_type == "markdown" and "Check yourself" in c.source]
+    assert quiz, "a 'Check yourself' section near the end"
+    assert 3 <= quiz[-1].count("<details>") <= 5, "3-5 questions with folded answers"
+
+
+@pytest.mark.parametrize("path", LECTURES[1:], ids=_ids(LECTURES[1:]))
+def test_core_notebook_links_its_deeper_companion(path):
+    deeper = ROOT / "notebooks" / "deeper" / f"{path.stem}_deeper.ipynb"
+    assert deeper.exists(), f"missing {deeper.relative_to(ROOT)}"
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+    assert f"deeper/{deeper.name}" in text, "the core notebook links its companion where it branches"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=_ids(SOLUTIONS))
+def test_every_exercise_has_a_difficulty_minutes_and_a_kind(path):
+    nb = nbformat.read(path, as_version=4)
+    kinds = []
+    for cell in exercises.graded_cells(nb, exercises.chapter_of(path)):
+        heading = next(
+            c.source for c in reversed(nb.cells[: cell.index])
+            if c.cell_type == "markdown" and c.source.startswith("### Exercise")
+        )
+        label = LABEL_RE.search(heading)
+        assert label, f"exercise {cell.exercise}: no '**★★ standard · 15 min · kind**' label"
+        kinds.append(label.group(4))
+    assert set(kinds) & set(KINDS_THAT_MAKE_YOU_THINK), f"only {kinds}: add a thinking exercise"
+
+
+def _exercise_labels(path: Path) -> list[re.Match]:
+    nb = nbformat.read(path, as_version=4)
+    headings = [c.source for c in nb.cells
+                if c.cell_type == "markdown" and c.source.startswith("### Exercise")]
+    return [LABEL_RE.search(h) for h in headings]
+
+
+def test_chapter_00s_time_table_matches_the_chapters():
+    """The table in 00_start_here gives each core notebook's minutes as its first cell does,
+    and each chapter's exercise minutes as the sum of its exercises' labels."""
+    table = "\n".join(c.source for c in nbformat.read(LECTURES[0], as_version=4).cells)
+    rows = {m.group(1): (int(m.group(2)), m.group(3).strip()) for m in re.finditer(
+        r"^\| (\d\d) \|[^|]*\|[^|]*\| (\d+) \| ([^|]*) \|", table, re.M)}
+    for path in LECTURES[1:]:
+        chapter = path.stem[:2]
+        core = int(re.search(r"\*\*Time:\*\* about (\d+) min", nbformat.read(
+            path, as_version=4).cells[0].source).group(1))
+        solution = ROOT / "solutions" / path.name
+        exercise_minutes = sum(int(label.group(3)) for label in _exercise_labels(solution))
+        assert rows[chapter] == (core, str(exercise_minutes)), f"chapter {chapter}'s row"

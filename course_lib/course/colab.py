@@ -2,16 +2,23 @@
 
 In Google Colab the cell installs course_lib from the course's repository without touching
 Colab's own torch (course_lib asks only for ``torch>=2.2``, which Colab already satisfies);
-anywhere else it only sets up inline plotting. While ``REPO_URL`` is still the placeholder, the
-cell installs nothing in Colab and prints what to do instead.
+anywhere else it only sets up inline plotting. While ``REPO_URL`` is still the placeholder (a
+learner opened a notebook from a copy of the repository), the cell looks in Colab for a copy
+under /content, a mounted Google Drive included (a folder holding ``course_lib/__init__.py``
+and ``pyproject.toml``); if there is none it asks for a zip of the repository
+(``google.colab.files.upload``) and unzips it under /content/course. It installs course_lib
+from the copy with a plain ``%pip install`` (not ``-e``: an editable install is a ``.pth`` hook
+that Python reads only at start-up, so the running kernel would need a restart; a plain install
+into site-packages is importable at once after ``importlib.invalidate_caches()``). When it finds
+nothing, it installs nothing and says what to do.
 
 To publish the course from your own copy of the repository, set ``REPO_URL`` below and run::
 
     python -m course_lib.course.colab
 
 which rewrites the set-up cell (the first code cell, tagged ``setup``) of every notebook in
-``notebooks/`` and ``solutions/`` and regenerates ``exercises/``. ``--check`` only reports
-notebooks whose set-up cell differs.
+``notebooks/``, ``notebooks/deeper/`` and ``solutions/`` and regenerates ``exercises/``.
+``--check`` only reports notebooks whose set-up cell differs.
 """
 
 from __future__ import annotations
@@ -23,30 +30,51 @@ from pathlib import Path
 import nbformat
 
 # Fill in: the address of the course repository that Colab installs course_lib from. While it is
-# this placeholder, the set-up cell explains in Colab what to do instead of failing inside pip.
+# this placeholder, the set-up cell installs course_lib in Colab from a copy of the repository
+# (found under /content or a mounted Drive, or uploaded as a zip) instead of failing inside pip.
 PLACEHOLDER_URL = "https://github.com/your-account/self-attention-course"
 REPO_URL = PLACEHOLDER_URL
 SETUP_TAG = "setup"
+# Every folder of notebooks that starts with the set-up cell (exercises/ is generated).
+NOTEBOOK_FOLDERS = (Path("notebooks"), Path("notebooks/deeper"), Path("solutions"))
 
 _SETUP_TEMPLATE = '''\
-# Set-up: run this cell first. In Google Colab it installs the course library from the
-# course repository (Colab's own torch is kept); on your own machine it changes nothing.
+# Set-up: run this cell first. In Google Colab it installs the course library, course_lib, from
+# the course repository or a copy of it, keeping Colab's torch; elsewhere it only sets up plots.
 import sys
 
 IN_COLAB = "google.colab" in sys.modules
 if IN_COLAB:
     REPO_URL = "@REPO_URL@"
-    if "/your-account/" in REPO_URL:  # the placeholder: this copy does not know its repository
-        print(
-            "course_lib was NOT installed: REPO_URL in this cell is still a placeholder.\\n"
-            "Either upload or clone the course repository into Colab and run\\n"
-            "    %pip install -e <the repository's folder>\\n"
-            "(then Runtime > Restart session), or set REPO_URL to the course repository's\\n"
-            "address (for every notebook: in course_lib/course/colab.py, then run\\n"
-            "python -m course_lib.course.colab) and run this cell again."
-        )
-    else:
+    if "/your-account/" not in REPO_URL:  # a published course: install from its repository
         %pip install --quiet "course_lib @ git+{REPO_URL}"
+    else:  # opened from a copy: find it under /content (a mounted Drive too), or upload a zip
+        import glob, importlib, io, os, zipfile
+        from google.colab import files
+
+        def course_copies():  # folders holding course_lib/ and pyproject.toml, shallow first
+            tops = ["", "*/", "*/*/", "drive/MyDrive/*/", "drive/MyDrive/*/*/"]
+            inits = [p for t in tops for p in glob.glob(f"/content/{t}course_lib/__init__.py")]
+            folders = [os.path.dirname(os.path.dirname(p)) for p in inits]
+            return [f for f in folders if os.path.isfile(f"{f}/pyproject.toml")]
+
+        if not course_copies():
+            print("No copy of the course found: choose a zip of the course repository.")
+            for name, data in files.upload().items():
+                if name.lower().endswith(".zip"):
+                    zipfile.ZipFile(io.BytesIO(data)).extractall("/content/course")
+        if course_copies():
+            COURSE_DIR = course_copies()[0]
+            print(f"Installing course_lib from {COURSE_DIR}")
+            %pip install --quiet "{COURSE_DIR}"
+            importlib.invalidate_caches()  # a plain install is importable without a restart
+        else:
+            print(
+                "course_lib was NOT installed: no copy of the course repository was found.\\n"
+                "Run this cell again and upload a zip of the repository (on GitHub: Code >\\n"
+                "Download ZIP), or put its folder under /content or in your Google Drive\\n"
+                "(Files pane > Mount Drive), then run this cell again."
+            )
 %matplotlib inline'''
 
 
@@ -112,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="only report differences")
     args = parser.parse_args(argv)
-    report = sync([Path("notebooks"), Path("solutions")], check=args.check)
+    report = sync(list(NOTEBOOK_FOLDERS), check=args.check)
     for line in report:
         print(line)
     if args.check:

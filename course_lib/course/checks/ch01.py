@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from course_lib.attention import MultiHeadAttention
-from course_lib.rnn import ElmanRNN, elman_forward, elman_step, gradient_norms
+from course_lib.rnn import ElmanRNN, RNNAttention, elman_forward, elman_step, gradient_norms
 
 from ._core import (
     Case,
@@ -21,6 +21,7 @@ from ._core import (
     Misconception,
     call_learner,
     compare_tensors,
+    describe,
     rand,
     run_cases,
 )
@@ -150,6 +151,7 @@ def _forward_cases(seed: int) -> list[Case]:
     gen = torch.Generator().manual_seed(seed)
     return [
         _forward_case("one sequence, T=5, Din=3, H=4", gen, None, 5, 3, 4),
+        _forward_case("batch of 4, T=4 (B = T), Din=3, H=5", gen, 4, 4, 3, 5),
         _forward_case("batch of 2, T=6, Din=3, H=4", gen, 2, 6, 3, 4),
         _forward_case("Din = H = 4, T=5", gen, None, 5, 4, 4),
         _forward_case("batch of 3, Din = H = 5, T=7", gen, 3, 7, 5, 5),
@@ -182,7 +184,23 @@ def _tanh_step(W, U, b, *, act=torch.tanh, swap=False, bias=True, transpose=True
     return step
 
 
+def _first_axis_loop(x, h0, W, U, b) -> torch.Tensor:
+    """The planted bug of exercise 1.2: ``x[t]`` for ``t in range(len(x))`` steps over the
+    first axis, which is time for one sequence (T, Din) but the batch for (B, T, Din)."""
+    h, states = h0, []
+    for t in range(len(x)):
+        h = torch.tanh(h @ W.T + x[t] @ U.T + b)
+        states.append(h)
+    return torch.stack(states, dim=-2)
+
+
 FORWARD_MISTAKES = [
+    Misconception(
+        lambda x, h0, W, U, b: _first_axis_loop(x, h0, W, U, b) if x.dim() == 3 else None,
+        "Your loop steps over the first axis of x. For one sequence (T, Din) that is time, but "
+        "for a batch (B, T, Din) x[t] is example t, not the inputs at step t. Index the time "
+        "axis, the second-to-last one, in both cases",
+    ),
     Misconception(
         lambda x, h0, W, U, b: torch.cat(
             [h0.unsqueeze(-2), elman_forward(x, h0, W, U, b)], dim=-2),
@@ -263,7 +281,18 @@ def check_elman_forward(elman_forward_fn: Callable) -> None:
         compare_tensors(got, expected, case, what="Your hidden states",
                         misconceptions=FORWARD_MISTAKES)
 
-    run_cases("elman_forward", elman_forward_fn, _forward_cases(seed=102), check_one)
+    cases = _forward_cases(seed=102)
+    try:
+        run_cases("elman_forward", elman_forward_fn, cases, check_one)
+    except CheckFailure as failure:
+        raise CheckFailure(f"{failure}\n{FORWARD_INSTRUMENT.format(n=len(cases))}") from None
+
+
+FORWARD_INSTRUMENT = (
+    "(Found by equality with the reference: your states were compared with course_lib's "
+    "elman_forward on {n} inputs, one sequence and batches, one of them with B = T. A bug "
+    "that only shows on some shapes needs a test on each of them.)"
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,4 +499,234 @@ def check_gradient_norms(gradient_norms_fn: Callable) -> None:
     print(f"\u2705 gradient_norms is correct on all {len(cases)} test cases ({labels})")
 
 
-__all__ = ["check_elman_forward", "check_elman_step", "check_gradient_norms"]
+# --------------------------------------------------------------------------------------------
+# Exercise 1.4: predict how the gradient's reach depends on the scale of W
+
+RATIO_GAINS = (0.5, 1.0, 3.0)
+RATIO_CHOICES = ("vanishes", "about the same", "explodes")
+NEAR, FAR = 5, 50  # the two distances T - t compared
+
+
+def _category(ratio: float) -> str:
+    """A measured ratio ||grad at distance 50|| / ||grad at distance 5|| in words."""
+    if ratio < 1e-2:
+        return "vanishes"
+    return "explodes" if ratio > 1e2 else "about the same"
+
+
+def measure_gradient_ratios(gains: tuple[float, ...] = RATIO_GAINS) -> dict[float, float]:
+    """For an Elman RNN (Din 8, H 32) whose W is scaled to spectral radius ``gain``: the mean
+    gradient norm reaching the last state from distance 50 divided by that from distance 5,
+    over 16 random sequences (float64, seeded; the global random stream is left alone)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        rnn = ElmanRNN(8, 32).double()
+        W_unit = rnn.W.detach() / torch.linalg.eigvals(rnn.W.detach()).abs().max()  # (H, H)
+        x = torch.randn(16, FAR + 1, 8, dtype=torch.float64)  # (B, T, Din)
+    ratios = {}
+    for gain in gains:
+        with torch.no_grad():
+            rnn.W.copy_(gain * W_unit)
+        norms = gradient_norms(lambda v: rnn(v)[0], x).mean(0)  # (T,), entry t at T-1-t
+        ratios[gain] = (norms[-1 - FAR] / norms[-1 - NEAR]).item()
+    return ratios
+
+
+RATIO_WHY = {
+    0.5: "At gain 0.5 every step back multiplies the gradient by W (which shrinks it by about "
+         "half) and by tanh's slope (at most 1): 45 such factors leave almost nothing",
+    1.0: "At gain 1, W alone would keep the gradient's size in the long run, but every step "
+         "also multiplies it by tanh's slope, 1 - h^2, which is below 1 wherever the state "
+         "is not 0: the product of 45 factors below 1 still vanishes",
+    3.0: "At gain 3, W stretches the gradient by about 3 per step, much more than tanh's slope "
+         "takes away while the state is not saturated: the product grows geometrically, and "
+         "the gradient explodes",
+}
+
+
+def _read_prediction(prediction: object) -> dict[float, str]:
+    if not isinstance(prediction, dict):
+        raise CheckFailure(
+            f"predict_gradient_ratios() should return a dict mapping each gain {RATIO_GAINS} "
+            f"to one of {RATIO_CHOICES}, but it returned {describe(prediction)}")
+    read = {}
+    for gain in RATIO_GAINS:
+        if gain not in prediction:
+            raise CheckFailure(f"Your prediction has no entry for the gain {gain}: give one for "
+                               f"each of {RATIO_GAINS}")
+        answer = prediction[gain]
+        choice = answer.strip().lower() if isinstance(answer, str) else None
+        if choice not in RATIO_CHOICES:
+            raise CheckFailure(f"Your prediction for the gain {gain} is {answer!r}; choose one "
+                               f"of {RATIO_CHOICES}")
+        read[gain] = choice
+    return read
+
+
+def check_gradient_ratio_prediction(predict_fn: Callable[[], dict]) -> None:
+    """Grade the prediction ``predict_fn()`` (gain -> "vanishes", "about the same" or
+    "explodes": how the gradient reaching h_T from distance 50 compares with that from
+    distance 5, below 1/100, between, above 100 times), then print the measurement.
+
+    Args:
+        predict_fn: the learner's function, no arguments, returning a dict over RATIO_GAINS.
+    """
+    prediction = _read_prediction(predict_fn())
+    ratios = measure_gradient_ratios()
+    print(f"{'gain':>5} | {'you predicted':>14} | {'measured ratio':>14} | {'which is':>14}")
+    for gain, ratio in ratios.items():
+        print(f"{gain:>5} | {prediction[gain]:>14} | {ratio:>14.1e} | {_category(ratio):>14}")
+    wrong = [gain for gain, ratio in ratios.items() if prediction[gain] != _category(ratio)]
+    if wrong:
+        raise CheckFailure(
+            "Not quite: " + " ".join(f"{RATIO_WHY[g]} (measured ratio {ratios[g]:.1e})."
+                                     for g in wrong))
+    print("\u2705 your predictions match the measurement: below gain 1 the gradient vanishes, "
+          "and even at gain 1 tanh's slope makes it vanish; a large gain makes it explode")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1.5: additive (Bahdanau) attention
+
+ADDITIVE_HINT = (
+    "s holds one decoder state per row (B, Dq) and h the encoder states (B, S, Dk). W_s s for "
+    "every row is s @ W_s.T, shape (B, A); W_h h_j for every j at once is h @ W_h.T, shape "
+    "(B, S, A); give the first one an axis of size 1 for S before adding them"
+)
+
+
+def _additive_case(name: str, gen: torch.Generator, batch: int, src: int, d_q: int, d_k: int,
+                   d_a: int) -> Case:
+    s = rand(gen, batch, d_q)
+    h = rand(gen, batch, src, d_k)
+    W_s = rand(gen, d_a, d_q, scale=1.5 / d_q**0.5)  # scores spread, tanh not saturated
+    W_h = rand(gen, d_a, d_k, scale=1.5 / d_k**0.5)
+    v = rand(gen, d_a, scale=2.0 / d_a**0.5)
+    return Case(name, (s, h, W_s, W_h, v), hint=ADDITIVE_HINT)
+
+
+def _additive_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        _additive_case("B=2, S=5, Dq=4, Dk=6, A=3", gen, 2, 5, 4, 6, 3),
+        _additive_case("B=3, S=4, Dq = Dk = A = 5", gen, 3, 4, 5, 5, 5),
+        _additive_case("B=4, S=7, Dq=3, Dk=3, A=8", gen, 4, 7, 3, 3, 8),
+        _additive_case("B=3, S=3 (B = S), Dq=2, Dk=4, A=4", gen, 3, 3, 2, 4, 4),
+        _additive_case("one source word, S=1", gen, 2, 1, 3, 4, 2),
+        _additive_case("one example, B=1, S=6", gen, 1, 6, 5, 3, 4),
+    ]
+
+
+def additive_reference(s, h, W_s, W_h, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """course_lib's RNNAttention (additive score) with the case's weights copied in."""
+    with torch.random.fork_rng(devices=[]):  # building the module must not move the RNG
+        attention = RNNAttention(W_s.shape[1], W_h.shape[1], attention_size=W_s.shape[0])
+    with torch.no_grad():
+        attention.query_proj.weight.copy_(W_s)
+        attention.key_proj.weight.copy_(W_h)
+        attention.v.weight.copy_(v[None])
+    with torch.no_grad():
+        return attention(s, h)  # (B, Dk), (B, S)
+
+
+def _raw_scores(s, h, W_s, W_h, v, *, act=torch.tanh) -> torch.Tensor:
+    return act((s @ W_s.T)[:, None, :] + h @ W_h.T) @ v  # (B, S)
+
+
+ADDITIVE_WEIGHT_MISTAKES = [
+    Misconception(
+        lambda s, h, W_s, W_h, v: torch.softmax(_raw_scores(s, h, W_s, W_h, v), dim=0),
+        "Your weights sum to 1 over the batch, not over the source words: the softmax runs over "
+        "the S scores of each example (the last axis)",
+    ),
+    Misconception(
+        lambda s, h, W_s, W_h, v: torch.softmax(_raw_scores(s, h, W_s, W_h, v).flatten(), 0)
+        .view(s.shape[0], -1),
+        "Your weights sum to 1 over the whole batch at once: the softmax runs over the S scores "
+        "of each example separately",
+    ),
+    Misconception(
+        lambda s, h, W_s, W_h, v: _raw_scores(s, h, W_s, W_h, v),
+        "Your weights are the raw scores e_j: turn them into weights that sum to 1 over the "
+        "source words with a softmax",
+    ),
+    Misconception(
+        lambda s, h, W_s, W_h, v: torch.softmax(
+            _raw_scores(s, h, W_s, W_h, v, act=lambda z: z), dim=-1),
+        "Your scores have no tanh: e_j = v^T tanh(W_s s + W_h h_j). Without it the score is "
+        "linear, and its part v^T W_s s, the same for every j, cancels in the softmax: the "
+        "decoder state would not change the weights at all",
+    ),
+    Misconception(
+        lambda s, h, W_s, W_h, v: torch.softmax(
+            torch.tanh(((s @ W_s.T)[:, None, :] + h @ W_h.T) @ v), dim=-1),
+        "You applied tanh after the product with v: the tanh acts on W_s s + W_h h_j, a vector "
+        "of A numbers, and v^T turns its result into one score",
+    ),
+    Misconception(
+        lambda s, h, W_s, W_h, v: torch.softmax(
+            torch.tanh((s @ W_h.T)[:, None, :] + h @ W_s.T) @ v, dim=-1),
+        "W_s and W_h look swapped: W_s (A, Dq) maps the decoder state s, W_h (A, Dk) every "
+        "encoder state h_j. (When Dq = Dk the shapes cannot tell them apart, but the values "
+        "can)",
+    ),
+    Misconception(
+        lambda s, h, W_s, W_h, v: torch.softmax(
+            torch.tanh((s @ W_s)[:, None, :] + h @ W_h) @ v, dim=-1),
+        "You multiplied by W_s and W_h without transposing them: with vectors as rows, W_s s is "
+        "s @ W_s.T and W_h h_j is h @ W_h.T",
+    ),
+]
+
+
+def _context_mistakes(weights: torch.Tensor) -> list[Misconception]:
+    return [
+        Misconception(
+            lambda s, h, W_s, W_h, v: (_raw_scores(s, h, W_s, W_h, v)[:, :, None] * h).sum(1),
+            "Your context averages h_j with the raw scores e_j; use the weights alpha_j, after "
+            "the softmax",
+        ),
+        Misconception(
+            lambda s, h, W_s, W_h, v: (weights[:, :, None] * (h @ W_h.T)).sum(1),
+            "Your context averages the projected states W_h h_j; c = sum_j alpha_j h_j averages "
+            "the encoder states themselves",
+        ),
+        Misconception(
+            lambda s, h, W_s, W_h, v: h.mean(1),
+            "Your context is the plain mean of the h_j: weight each h_j by its alpha_j",
+        ),
+    ]
+
+
+def check_additive_attention(additive_attention: Callable) -> None:
+    """Check ``additive_attention(s, h, W_s, W_h, v)`` -> (context (B, Dk), weights (B, S)),
+    e_j = v^T tanh(W_s s + W_h h_j), alpha = softmax(e), c = sum_j alpha_j h_j, against
+    course_lib's RNNAttention with the same weights.
+
+    Args:
+        additive_attention: the learner's function; s (B, Dq), h (B, S, Dk), W_s (A, Dq),
+            W_h (A, Dk), v (A,).
+    """
+
+    def check_one(got, case: Case) -> None:
+        context, weights = additive_reference(*case.args)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise CheckFailure(
+                f"additive_attention should return a tuple (context, weights), shapes "
+                f"{tuple(context.shape)} and {tuple(weights.shape)}, but it returned "
+                f"{describe(got)} (case '{case.name}')")
+        compare_tensors(got[1], weights, case, what="Your weights",
+                        misconceptions=ADDITIVE_WEIGHT_MISTAKES)
+        compare_tensors(got[0], context, case, what="Your context",
+                        misconceptions=_context_mistakes(weights))
+
+    run_cases("additive_attention", additive_attention, _additive_cases(seed=105), check_one)
+
+
+__all__ = [
+    "check_additive_attention",
+    "check_elman_forward",
+    "check_elman_step",
+    "check_gradient_norms",
+    "check_gradient_ratio_prediction",
+]

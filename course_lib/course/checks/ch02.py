@@ -1,13 +1,15 @@
 """Checks for chapter 02, self-attention.
 
 Exercises and their checks:
-    2.1 ``attention_weights(q, k)``              -> :func:`check_attention_weights`
-    2.2 ``self_attention(X, W_q, W_k, W_v)``     -> :func:`check_self_attention`
-    2.3 ``scores_gradient(weights, v, grad_out)`` -> :func:`check_scores_gradient`
-    2.4 ``is_permutation_equivariant(f, X, perm)`` -> :func:`check_is_permutation_equivariant`
+    2.1 ``attention_weights(q, k)``               -> :func:`check_attention_weights`
+    2.2 ``fixed_attention(q, k, v)`` (find the bug) -> :func:`check_fixed_attention`
+    2.3 ``my_predictions()`` (predict, then verify) -> :func:`check_score_std_predictions`
+    2.4 ``scores_gradient(weights, v, grad_out)``  -> :func:`check_scores_gradient`
+    2.5 ``is_permutation_equivariant(f, X, perm)`` -> :func:`check_is_permutation_equivariant`
 
-:func:`check_scaled_dot_product_attention` checks a batched ``(out, weights)`` attention
-function (an earlier version of exercise 2.3), for anyone who writes one.
+Two checks serve no exercise of the current notebook, for anyone who writes the function:
+:func:`check_self_attention` (``self_attention(X, W_q, W_k, W_v)``, formerly exercise 2.2)
+and :func:`check_scaled_dot_product_attention` (a batched ``(out, weights)`` function).
 
 Shape legend: T query length, S key length, d_in input size, d_k query/key size, d_v value size.
 Weight matrices use nn.Linear's (out, in) layout: W_q is (d_k, d_in) and Q = X @ W_q.T.
@@ -16,6 +18,7 @@ Weight matrices use nn.Linear's (out, in) layout: W_q is (d_k, d_in) and Q = X @
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +75,7 @@ def _times(weights: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor | None
 
 # Plausible wrong attention weights, as functions of (q, k, d_v). Each returns None when the
 # mistake cannot apply to a case (e.g. a d_v-vs-d_k confusion when d_v == d_k). Shared by the
-# checks of exercises 2.2 and 2.3 (2.1 keeps its own list, ATTENTION_WEIGHT_MISTAKES, below).
+# checks of whole attention functions (2.1 keeps its own list, ATTENTION_WEIGHT_MISTAKES).
 WeightMistake = tuple[Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor | None], str]
 
 _WEIGHT_MISTAKES: list[WeightMistake] = [
@@ -227,6 +230,206 @@ def check_attention_weights(attention_weights: Callable) -> None:
 
 
 # --------------------------------------------------------------------------- exercise 2.2
+# Find the bug: an attention function whose softmax runs over dim=1. On one sentence, scores
+# are (T, S) and dim 1 is the keys, so it looks right; with a batch in front, (B, T, S), dim 1
+# is the queries (and with heads, (B, H, T, S), it is the heads).
+
+
+def buggy_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The function of exercise 2.2, planted mistake included (do not fix it here).
+
+    Shapes: q (..., T, d_k), k (..., S, d_k), v (..., S, d_v) -> (..., T, d_v).
+    """
+    d_k = q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., T, S)
+    weights = torch.softmax(scores, dim=1)  # (..., T, S)
+    return weights @ v  # (..., T, d_v)
+
+
+FIXED_ATTENTION_INSTRUMENT = (
+    "Instrument that finds it: the rows of attention weights sum to 1 for every input, so "
+    "check weights.sum(dim=-1) on a batched input, or compare the output with "
+    "course_lib.scaled_dot_product_attention on inputs with batch (and head) dimensions, not "
+    "only on one sentence"
+)
+
+
+def _fixed_attention_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def case(name, q_shape, k_shape, v_shape, *, scale=1.0):
+        return Case(name, (rand(gen, *q_shape, scale=scale), rand(gen, *k_shape, scale=scale),
+                           rand(gen, *v_shape)), hint=BATCH_HINT)
+
+    # batch and heads first: there a softmax over dim 0, 1 or -2 is three different mistakes
+    return [
+        case("batch and heads (2, 3), T=S=6, d_k=4, d_v=5", (2, 3, 6, 4), (2, 3, 6, 4),
+             (2, 3, 6, 5)),
+        case("batched, B=3, T=S=5, d_k=4, d_v=6", (3, 5, 4), (3, 5, 4), (3, 5, 6)),
+        case("one sentence, T=S=5, d_k=d_v=4", (5, 4), (5, 4), (5, 4)),
+        case("batched, B=2, 4 queries, 7 keys, d_k=8, d_v=3", (2, 4, 8), (2, 7, 8), (2, 7, 3)),
+        case("one token per sequence, B=4, T=S=1", (4, 1, 4), (4, 1, 4), (4, 1, 2)),
+        case("large scores, B=2, T=S=5, d_k=d_v=8", (2, 5, 8), (2, 5, 8), (2, 5, 8), scale=20.0),
+    ]
+
+
+def _softmax_over(dim: int) -> Callable:
+    """Attention whose softmax runs over a fixed axis counted from the front."""
+
+    def wrong(q, k, v):
+        if dim >= q.dim():
+            return None
+        return softmax(_raw(q, k) / math.sqrt(q.shape[-1]), dim=dim) @ v
+
+    return wrong
+
+
+FIXED_ATTENTION_MISTAKES = [
+    Misconception(
+        _softmax_over(1),
+        "Your output still equals the planted bug's: the softmax runs over dim=1. For one "
+        "sentence the scores are (T, S) and dim 1 is the keys, but with a batch in front, "
+        "(B, T, S), dim 1 is the queries, and with heads, (B, H, T, S), it is the heads. "
+        "Normalise over the keys, the last dimension, whatever stands in front",
+    ),
+    Misconception(
+        _softmax_over(0),
+        "Your softmax runs over dim=0, the batch axis when the input is batched. Normalise "
+        "over the keys, the last dimension, whatever stands in front",
+    ),
+    *(Misconception(lambda q, k, v, _w=wrong: _times(_w(q, k, v.shape[-1]), v),
+                    message[0].upper() + message[1:])
+      for wrong, message in _WEIGHT_MISTAKES),
+]
+
+
+def check_fixed_attention(fixed_attention: Callable) -> None:
+    """Check a fix of :func:`buggy_attention`: ``fixed_attention(q, k, v)`` must equal
+    softmax(q k^T / sqrt(d_k)) v for any leading batch (and head) dimensions.
+
+    Args:
+        fixed_attention: the learner's function taking q (..., T, d_k), k (..., S, d_k) and
+            v (..., S, d_v) and returning the output, shape (..., T, d_v).
+    """
+
+    def check_one(got, case: Case) -> None:
+        q, k, v = case.args
+        expected, _ = scaled_dot_product_attention(q, k, v)
+        if isinstance(got, tuple):
+            raise CheckFailure(
+                f"fixed_attention should return only the output, a tensor of shape "
+                f"{tuple(expected.shape)}, like buggy_attention; it returned {describe(got)} "
+                f"(case '{case.name}')"
+            )
+        _batched_shape(got, expected, q, "the output")
+        compare_tensors(got, expected, case, what="Your output",
+                        misconceptions=FIXED_ATTENTION_MISTAKES)
+
+    try:
+        run_cases("fixed_attention", fixed_attention, _fixed_attention_cases(seed=25),
+                  check_one)
+    except CheckFailure as failure:
+        raise CheckFailure(f"{failure}\n{FIXED_ATTENTION_INSTRUMENT}") from None
+
+
+# --------------------------------------------------------------------------- exercise 2.3
+# Predict, then verify: the spread of dot products. For d = 64 and independent entries of
+# mean 0, std(q . k) = sqrt(d) * std(q_m) * std(k_m): 8 for unit entries; with entries of
+# std 2 in both q and k, std(q . k / sqrt(d)) = 2 * 2 = 4.
+
+PREDICTION_D = 64
+PREDICTION_TOLERANCE = 0.15  # relative: a prediction within 15% of the exact value passes
+
+
+def measure_score_stds(d: int = PREDICTION_D, n_pairs: int = 100_000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Measured (std of q.k with unit-variance entries, std of q.k / sqrt(d) with entries of
+    std 2), over ``n_pairs`` random pairs of dimension ``d``."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n_pairs, d, generator=gen)  # (N, d)
+    k = torch.randn(n_pairs, d, generator=gen)  # (N, d)
+    dots = (q * k).sum(dim=-1)  # (N,)
+    wide = ((2 * q) * (2 * k)).sum(dim=-1) / math.sqrt(d)  # (N,): entries of std 2, scaled
+    return dots.std().item(), wide.std().item()
+
+
+def _as_number(value: Any) -> float | None:
+    """A learner's prediction as a float: numbers (numpy's too) and one-element tensors."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype.is_complex:
+            return None
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+# (value the learner may say, what that value means) for each of the two predictions
+_STD_DOT_MISTAKES = [
+    (64.0, "64 is the variance of q . k, a sum of 64 independent terms of variance 1; the "
+           "standard deviation is its square root"),
+    (1.0, "1 is the spread after dividing by sqrt(d). Unscaled, the 64 terms add up: their "
+          "variances sum to 64"),
+    (0.0, "0 is the mean of q . k (positive and negative terms cancel on average); the "
+          "question is its spread, the standard deviation"),
+]
+_STD_WIDE_MISTAKES = [
+    (1.0, "Dividing by sqrt(d) removes the growth with d, not the size of the entries: with "
+          "entries of std 2, each product q_m k_m has variance 4 * 4 = 16"),
+    (2.0, "Both factors have std 2, so each product q_m k_m has std 2 * 2 = 4 (variances "
+          "multiply: 4 * 4 = 16), not 2"),
+    (16.0, "16 is the variance of the scaled score (64 products of variance 16, divided by "
+           "64); the standard deviation is its square root"),
+    (32.0, "32 is the spread before the scaling: divide by sqrt(64) = 8"),
+]
+
+
+def _grade_prediction(said: float, exact: float, measured: float, what: str,
+                      mistakes: list[tuple[float, str]]) -> None:
+    if abs(said - exact) <= PREDICTION_TOLERANCE * exact:
+        return
+    for value, message in mistakes:
+        if abs(said - value) <= PREDICTION_TOLERANCE * max(abs(value), 0.1):
+            raise CheckFailure(f"You predicted {said:g} for {what}. {message}. Measured: "
+                               f"{measured:.2f}")
+    raise CheckFailure(
+        f"You predicted {said:g} for {what}; measured: {measured:.2f}. For independent entries "
+        "of mean 0, the variance of a product is the product of the variances, and the "
+        "variance of a sum of independent terms is the sum of their variances"
+    )
+
+
+def check_score_std_predictions(my_predictions: Callable) -> None:
+    """Grade the two predictions of exercise 2.3, then print the measurement.
+
+    Args:
+        my_predictions: the learner's function with no arguments, returning two numbers:
+            the standard deviation of q . k for d = 64 with unit-variance entries, and the
+            standard deviation of q . k / sqrt(64) when every entry of q and k has std 2.
+    """
+    got = call_learner(my_predictions, Case("your predictions"))
+    said = (tuple(_as_number(x) for x in got) if isinstance(got, (tuple, list)) and len(got) == 2
+            else None)
+    if said is None or None in said:
+        raise CheckFailure(
+            "my_predictions should return two numbers, (std_dot, std_scaled_wide), e.g. "
+            f"return 3.0, 0.5; it returned {describe(got)}"
+        )
+    measured_dot, measured_wide = measure_score_stds()
+    _grade_prediction(said[0], math.sqrt(PREDICTION_D), measured_dot,
+                      "the std of q . k (unit-variance entries)", _STD_DOT_MISTAKES)
+    _grade_prediction(said[1], 4.0, measured_wide,
+                      "the std of q . k / sqrt(64) (entries of std 2)", _STD_WIDE_MISTAKES)
+    print(f"\u2705 both predictions are within {PREDICTION_TOLERANCE:.0%} of the exact values. "
+          f"Measured over 100,000 random pairs, d = {PREDICTION_D}:\n"
+          f"   std of q . k, entries of variance 1    = {measured_dot:.2f} "
+          f"(you said {said[0]:g})\n"
+          f"   std of q . k / sqrt(64), entries std 2 = {measured_wide:.2f} "
+          f"(you said {said[1]:g})")
+
+
+# ------------------------------------------------- self_attention (no exercise uses it now)
 
 CONVENTION_HINT = (
     "the weights are stored like nn.Linear.weight, one row per output feature: X is "
@@ -326,7 +529,7 @@ def check_self_attention(self_attention: Callable) -> None:
     run_cases("self_attention", self_attention, _self_attention_cases(seed=22), check_one)
 
 
-# --------------------------------------------------------------------------- exercise 2.3
+# ------------------------------------- scaled_dot_product_attention (no exercise uses it now)
 
 
 def _sdpa_cases(seed: int) -> list[Case]:
@@ -402,7 +605,7 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention_fn: Callable
               _sdpa_cases(seed=23), check_one)
 
 
-# --------------------------------------------------------------------------- exercise 2.3
+# --------------------------------------------------------------------------- exercise 2.4
 # The backward pass of attention, from the output to the scores: with A = softmax(S) and
 # out = A V, dL/dA = G V^T for G = dL/dout, and each row of dL/dS is J^T dL/dA with the
 # softmax Jacobian J = diag(p) - p p^T, i.e. p * (g - sum_j p_j g_j).
@@ -517,7 +720,7 @@ def check_scores_gradient(scores_gradient: Callable) -> None:
     run_cases("scores_gradient", scores_gradient, _scores_gradient_cases(seed=24), check_one)
 
 
-# --------------------------------------------------------------------------- exercise 2.4
+# --------------------------------------------------------------------------- exercise 2.5
 # The learner's function answers a yes/no question, so each case knows the right answer and
 # a plausible wrong implementation is recognised by the pattern of its answers over all cases.
 

@@ -1,7 +1,9 @@
 """Checks for chapter 03, position representations.
 
 The references are :mod:`course_lib.positions`: :func:`~course_lib.positions.sinusoidal_encoding`,
-:func:`~course_lib.positions.alibi_bias` and :func:`~course_lib.positions.apply_rope`.
+:func:`~course_lib.positions.alibi_bias`, :func:`~course_lib.positions.apply_rope` (exercise 3.3
+fixes a broken copy of it) and :func:`~course_lib.positions.ntk_scaled_base`. Exercise 3.4 is a
+prediction, graded and then shown next to a measurement.
 """
 
 from __future__ import annotations
@@ -12,7 +14,16 @@ import torch
 
 from course_lib import positions
 
-from ._core import Case, CheckFailure, Misconception, compare_tensors, rand, run_cases
+from ._core import (
+    Case,
+    CheckFailure,
+    Misconception,
+    call_learner,
+    compare_tensors,
+    describe,
+    rand,
+    run_cases,
+)
 
 BASE = 10000.0
 
@@ -376,3 +387,218 @@ def check_apply_rope(apply_rope: Callable) -> None:
                         atol=1e-4, rtol=1e-4)
 
     run_cases("apply_rope", apply_rope, _rope_cases(seed=3), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# 3.3 find the bug: a fixed apply_rope, graded by the relative-position property, then by
+# equality with the reference
+
+
+RELATIVE_STARTS = (0, 7, 50, 300)  # the same offset tried from several absolute positions
+RELATIVE_OFFSETS = (-5, 0, 3, 20)
+
+
+def _relative_failure(apply_rope: Callable) -> str | None:
+    """Run the relative-position test on the learner's apply_rope: the score of a query at p
+    and a key at p + k must not depend on p, and rotations keep lengths. A message, or None."""
+    gen = torch.Generator().manual_seed(11)
+    q, k = rand(gen, 1, 16), rand(gen, 1, 16)  # (1, Dh) each
+    for offset in RELATIVE_OFFSETS:
+        scores = []
+        for start in RELATIVE_STARTS:
+            case = Case(f"relative test, query at {start}, key at {start + offset}",
+                        (q, torch.tensor([start])))
+            q_p = call_learner(apply_rope, case)
+            k_r = call_learner(apply_rope, Case(case.name, (k, torch.tensor([start + offset]))))
+            for got in (q_p, k_r):
+                if not isinstance(got, torch.Tensor) or got.shape != q.shape:
+                    return (f"your function returned {describe(got)} for x of shape (1, 16); "
+                            "it must return a tensor of the same shape as x")
+            scores.append(float((q_p * k_r).sum()))
+        if max(scores) - min(scores) > 1e-3 * (1 + abs(scores[0])):
+            listed = ", ".join(f"{s:.3f}" for s in scores)
+            return (
+                f"The relative-position test fails: the score of a query at position p and a "
+                f"key at p {'-' if offset < 0 else '+'} {abs(offset)} should be the same for every "
+                "p, but for "
+                f"p = {', '.join(map(str, RELATIVE_STARTS))} yours gives {listed}. "
+                "Only a rotation of each pair makes R_p^T R_r depend on r - p alone: look at "
+                "the 2 x 2 matrix each pair is multiplied by (a rotation has -sin a in one "
+                "corner and +sin a in the other)"
+            )
+    rotated = call_learner(apply_rope, Case("length test, position 40", (q, torch.tensor([40]))))
+    if abs(float(rotated.norm()) - float(q.norm())) > 1e-3 * float(q.norm()):
+        return (f"Your function changes the length of the vector (from {float(q.norm()):.3f} to "
+                f"{float(rotated.norm()):.3f}); a rotation keeps lengths")
+    return None
+
+
+def check_fixed_rope(apply_rope: Callable) -> None:
+    """Check a fixed ``apply_rope(x, positions)``: first the relative-position property (the
+    score of a rotated query and key depends only on their offset), then equality with
+    :func:`course_lib.positions.apply_rope` on several inputs.
+
+    Args:
+        apply_rope: the learner's fixed function.
+    """
+    failure = _relative_failure(apply_rope)
+    if failure is not None:
+        raise CheckFailure(failure)
+    print("✅ the relative-position test passes: the score depends on the offset alone")
+    try:
+        check_apply_rope(apply_rope)
+    except CheckFailure as error:
+        raise CheckFailure(
+            f"{error}\n(found by comparing your function with course_lib.positions.apply_rope "
+            "on several inputs: the relative-position test alone cannot see this)"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# 3.4 predict then verify: in which routes do the value vectors depend on position?
+
+ROUTES = {
+    "input": "positions added to the input, x_i + p_i (learned or sinusoidal)",
+    "qkv": "positions added after the projections to q, k and v (lecture 9)",
+    "alibi": "ALiBi, a bias -m |i - j| added to the scores",
+    "rope": "RoPE, q and k rotated by their positions",
+}
+
+ROUTE_REASONS = {
+    "input": "x_i + p_i passes through W_v like the rest of the input: v_i = W_v x_i + W_v p_i "
+             "depends on the position",
+    "qkv": "the lecture 9 route adds p_i to v_i as well as to q_i and k_i",
+    "alibi": "ALiBi only adds a number to each score; the values v_j = W_v x_j never see it",
+    "rope": "RoPE rotates only the queries and the keys; the values are not rotated",
+}
+
+
+def _routes_of(answer: object) -> set[str]:
+    if isinstance(answer, str):
+        answer = [answer]
+    if not isinstance(answer, (set, frozenset, list, tuple)):
+        raise CheckFailure(
+            f"Return a set of route names, e.g. {{'input'}}, not {describe(answer)}")
+    names = set()
+    for item in answer:
+        if not isinstance(item, str) or item.strip().lower() not in ROUTES:
+            raise CheckFailure(
+                f"{item!r} is not a route name: use names among {sorted(ROUTES)}")
+        names.add(item.strip().lower())
+    return names
+
+
+def measure_value_routes(n_tokens: int = 6, d_model: int = 8, seed: int = 0) -> dict[str, float]:
+    """Feed one token repeated at every position through one attention head, with position
+    entering by each route, and return how much the outputs at different positions differ.
+
+    The attention weights of a row sum to 1, so if every value vector is the same, every
+    output is that vector: a spread above zero means the values depend on the position.
+    """
+    from course_lib.attention import MultiHeadAttention, scaled_dot_product_attention
+
+    with torch.random.fork_rng(devices=[]):  # leave the learner's random state alone
+        torch.manual_seed(seed)
+        head = MultiHeadAttention(d_model, n_heads=1)
+        for weight in head.parameters():  # weights of a trained size, not the small initial ones
+            torch.nn.init.normal_(weight, std=d_model**-0.5)
+        x = torch.randn(d_model).expand(n_tokens, d_model)  # (T, D): the same token everywhere
+        rope_head = MultiHeadAttention(d_model, n_heads=1, rope=True)
+    rope_head.load_state_dict(head.state_dict())
+    p = positions.sinusoidal_encoding(n_tokens, d_model)  # (T, D)
+    with torch.no_grad():
+        q, k, v = head.qkv_proj(x).chunk(3, dim=-1)  # (T, D) each
+        qkv_out, _ = scaled_dot_product_attention(q + p, k + p, v + p)  # (T, D)
+        outs = {
+            "input": head(x + p)[0],
+            "qkv": head.out_proj(qkv_out),
+            "alibi": head(x, attn_bias=positions.alibi_bias(n_tokens, n_heads=1))[0],
+            "rope": rope_head(x)[0],
+        }
+    return {route: float((out - out[0]).abs().max()) for route, out in outs.items()}
+
+
+def check_value_routes(prediction: Callable) -> None:
+    """Grade ``prediction()``: the set of routes (among ``ROUTES``) in which a token's value
+    vector depends on its position; then show the measurement.
+
+    Args:
+        prediction: the learner's function of no arguments.
+    """
+    answer = call_learner(prediction, Case("your prediction"))
+    predicted = _routes_of(answer)
+    spread = measure_value_routes()
+    print("One token repeated at 6 positions; largest difference between the outputs at "
+          "two positions:")
+    for route, description in ROUTES.items():
+        size = f"{spread[route]:.3f}" if spread[route] > 1e-4 else "0 (float rounding)"
+        print(f"  {route:>5}: {size:<18}   ({description})")
+    depends = {route for route, value in spread.items() if value > 1e-4}
+    wrong = sorted(predicted ^ depends)
+    if wrong:
+        raise CheckFailure(
+            "Not quite: " + "; ".join(
+                f"'{route}' {'does' if route in depends else 'does not'} put position into "
+                f"the values ({ROUTE_REASONS[route]})" for route in wrong)
+        )
+    print(f"✅ right: the values depend on position in {sorted(depends)} only. Every row of "
+          "weights sums to 1, so when every value is the same vector the output is that vector, "
+          "whatever the weights")
+
+
+# --------------------------------------------------------------------------------------------
+# 3.5 ntk_scaled_base(d_head, factor, base)
+
+
+def _ntk_cases() -> list[Case]:
+    return [
+        Case("d_head=12, factor 4 (chapter 03's models)", (12, 4.0, 10000.0)),
+        Case("d_head=64, factor 2", (64, 2.0, 10000.0)),
+        Case("d_head=4, factor 8 (two pairs)", (4, 8.0, 10000.0)),
+        Case("d_head=128, factor 16, base 500000", (128, 16.0, 500000.0)),
+        Case("factor 1: nothing to stretch", (16, 1.0, 10000.0)),
+    ]
+
+
+def _as_number(value: object) -> float | None:
+    """A learner's number as a float: Python and numpy numbers, one-element float tensors."""
+    if isinstance(value, torch.Tensor):
+        return float(value.item()) if value.numel() == 1 else None
+    if isinstance(value, (bool, str)) or not hasattr(value, "__float__"):
+        return None
+    return float(value)
+
+
+def check_ntk_base(ntk_scaled_base: Callable) -> None:
+    """Check ``ntk_scaled_base(d_head, factor, base)`` -> base * factor^(d_head / (d_head - 2)),
+    through its meaning: the slowest pair turns ``factor`` times more slowly, the fastest keeps
+    its speed of 1 radian per position.
+
+    Args:
+        ntk_scaled_base: the learner's function.
+    """
+
+    def check_one(got: object, case: Case) -> None:
+        d, factor, base = case.args
+        value = _as_number(got)
+        if value is None or not value == value or value <= 0:  # not a number, NaN, <= 0
+            raise CheckFailure(
+                f"Your function returned {describe(got) if value is None else value} on the "
+                f"case '{case.name}': return the new base, one positive number")
+        expected = positions.ntk_scaled_base(d, factor, base=base)
+        if abs(value - expected) <= 1e-6 * expected:
+            return
+        last = (d - 2) / d  # the slowest pair turns at base^(-(d-2)/d)
+        slowdown = (value / base) ** last
+        hint = ""
+        if abs(value - base * factor) <= 1e-6 * value and factor != 1:
+            hint = (" You multiplied the base by the factor; but the slowest pair's speed is "
+                    "base^(-(d-2)/d), so the factor must be raised to a power first.")
+        raise CheckFailure(
+            f"Case '{case.name}': your base {value:,.6g} slows the slowest pair (i = d/2 - 1, "
+            f"speed base^(-(d-2)/d)) by a factor {slowdown:.4g}, but it should be slowed by the "
+            f"full factor {factor:g} (the fastest pair, speed base^0 = 1, never changes).{hint} "
+            "Solve (b'/b)^((d-2)/d) = factor for b'"
+        )
+
+    run_cases("ntk_scaled_base", ntk_scaled_base, _ntk_cases(), check_one)

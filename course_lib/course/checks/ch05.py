@@ -19,7 +19,16 @@ from course_lib.attention import (
 from course_lib.attention import softmax as safe_softmax
 from course_lib.course.probes import who_sees_whom as reference_who_sees_whom
 
-from ._core import Case, CheckFailure, Misconception, compare_tensors, describe, rand, run_cases
+from ._core import (
+    Case,
+    CheckFailure,
+    Misconception,
+    call_learner,
+    compare_tensors,
+    describe,
+    rand,
+    run_cases,
+)
 
 ATOL = 1e-5
 RTOL = 1e-4
@@ -520,9 +529,86 @@ def check_who_sees_whom(who_sees_whom: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5.5 (capstone): a causal self-attention language model
-# The learner's architecture is their own, so there is no reference output to compare with;
-# the check measures the properties every correct language model has instead.
+# Exercise 5.5 (find the bug): attention over a padded batch, with the mask on the wrong axis
+
+
+def reference_padded_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """Attention over right-padded sequences: no query attends to a padding key. (B, T, d_v)."""
+    keep = padding_mask(lengths, k.shape[-2])  # (B, S): True = a real key
+    return scaled_dot_product_attention(q, k, v, mask=keep[:, None, :])[0]  # (B, T, d_v)
+
+
+def _padded_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    cases = []
+    for lengths, d in (([5, 3], 4), ([6, 6, 2], 8), ([4, 1, 3], 5), ([2, 7], 3)):
+        B, T = len(lengths), max(lengths)
+        x = rand(gen, B, T, d)
+        cases.append(Case(f"lengths {lengths}, d={d}", (x, x, x, torch.tensor(lengths))))
+    q, k, v = rand(gen, 2, 5, 4), rand(gen, 2, 5, 4), rand(gen, 2, 5, 6)
+    cases.append(Case("distinct q, k, v, lengths [5, 2], d_v=6", (q, k, v, torch.tensor([5, 2]))))
+    return cases
+
+
+def _pad_leak(fixed: Callable, case: Case) -> tuple[int, int, int] | None:
+    """(b, i, j): real output i of example b moves when the pad input j changes; or None."""
+    x, _, _, lengths = case.args
+    sees = reference_who_sees_whom(lambda y: fixed(y, y, y, lengths), x,
+                                   per_example=True)  # (B, T, T)
+    keep = padding_mask(lengths, x.shape[1])  # (B, T)
+    leak = sees & keep[:, :, None] & ~keep[:, None, :]  # real output i sees pad input j
+    if not bool(leak.any()):
+        return None
+    b, i, j = (int(v) for v in torch.nonzero(leak)[0])
+    return b, i, j
+
+
+def check_fixed_padded_attention(fixed_padded_attention: Callable) -> None:
+    """Grade the fixed ``padded_attention(q, k, v, lengths)``: course_lib's who_sees_whom must
+    find no real output that depends on a padding position, and the real positions must equal
+    attention with a key padding mask (outputs at padding positions only need to be finite).
+    """
+    cases = _padded_cases(seed=11)
+    for case in cases:
+        got = call_learner(fixed_padded_attention, case)
+        expected = reference_padded_attention(*case.args)  # (B, T, d_v)
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            raise CheckFailure(f"padded_attention should return a tensor of shape "
+                               f"{tuple(expected.shape)}, got {describe(got)} (case "
+                               f"'{case.name}'); return only the output, not the weights")
+        if not torch.isfinite(got).all():
+            raise CheckFailure(
+                f"your output contains NaN or inf (case '{case.name}'). A query whose keys "
+                "are all masked must give zeros, not NaN: mask the keys only, or use "
+                "course_lib's scaled_dot_product_attention, which handles such rows")
+        if case.args[0] is case.args[1]:  # q = k = v = x: probe it as a function of x
+            leak = _pad_leak(fixed_padded_attention, case)
+            if leak is not None:
+                b, i, j = leak
+                raise CheckFailure(
+                    f"course_lib's who_sees_whom finds that the real output {i} of example {b} "
+                    f"changes when the padding at position {j} changes (case '{case.name}'): "
+                    "real tokens still attend to padding keys. The padding mask must act on "
+                    "the key axis, the last axis of the scores (B, T, S)")
+        keep = padding_mask(case.args[3], got.shape[1])  # (B, T): compare real positions
+        if not _close_nan(got[keep], expected[keep]):
+            raise CheckFailure(
+                f"no real output depends on padding, but the real outputs differ from attention "
+                f"with a key padding mask by up to "
+                f"{float((got - expected)[keep].abs().max()):.3g} (case '{case.name}'): "
+                "change only the mask, keep the attention as it was")
+    print(f"\u2705 padded_attention: who_sees_whom finds no real output reading the padding, and "
+          f"the real outputs equal the reference on all {len(cases)} test cases")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5.6 (capstone): a causal self-attention language model
+# The steps fix the architecture, so the check compares the learner's logits with a reference
+# forward built from the same model's layers. It first measures the properties every correct
+# language model has (their failures say more than "wrong values"), then names the step a
+# wrong forward skipped (a residual, queries and keys swapped) when it recognises it.
 
 _LM_VOCAB, _LM_WIDTH, _LM_LEN = 11, 16, 12
 
@@ -596,12 +682,13 @@ def _check_lm_causal(model: torch.nn.Module, ids: torch.Tensor) -> None:
 
 
 def check_tiny_lm(model_class: Callable) -> None:
-    """Check the capstone language model's ``forward`` by its properties.
+    """Check the capstone language model's ``forward``: its properties, then its steps.
 
     The class is built as ``model_class(vocab_size, d_model=16, max_len=12)`` and must return
     an output whose ``.logits`` has shape (B, T, vocab_size). Checked: the shape, that no
     output depends on a later token and every output depends on every earlier one, that word
-    order matters (positions are used), and that the examples of a batch do not mix.
+    order matters (positions are used), that the examples of a batch do not mix, and finally
+    that the logits equal the exercise's five steps applied to the model's own layers.
     """
     model = _build_lm(model_class)
     gen = torch.Generator().manual_seed(5)
@@ -626,6 +713,67 @@ def check_tiny_lm(model_class: Callable) -> None:
             "not see word order. Add the position embeddings, self.position(positions), to "
             "the token embeddings before the attention"
         )
-    print("\u2705 your language model is causal, reads every earlier token, uses word order "
-          "and keeps the examples of a batch apart (probed with random weights, a batch of 3 "
-          "sequences of 10 tokens)")
+    _check_lm_steps(model, ids, logits)
+    print("\u2705 your language model follows the five steps (equal to a reference built from "
+          "its own layers), is causal, reads every earlier token, uses word order and keeps "
+          "the examples of a batch apart (probed with random weights, a batch of 3 sequences "
+          "of 10 tokens)")
+
+
+_LM_PARTS = ("token", "position", "qkv", "out", "ffn", "head")
+
+
+def _reference_lm_logits(model: torch.nn.Module, ids: torch.Tensor, *, attn_residual: bool = True,
+                         ffn_residual: bool = True, order: str = "qkv") -> torch.Tensor:
+    """The five steps of the exercise with the model's own layers (variants: a step left out,
+    the slices of the fused projection taken in another order)."""
+    T = ids.shape[1]
+    x = model.token(ids) + model.position(torch.arange(T))  # (B, T, D)
+    parts = dict(zip(order, model.qkv(x).chunk(3, dim=-1), strict=True))  # (B, T, D) each
+    attended, _ = scaled_dot_product_attention(parts["q"], parts["k"], parts["v"],
+                                               mask=causal_mask(T))  # (B, T, D)
+    x = (x if attn_residual else 0) + model.out(attended)  # (B, T, D)
+    x = (x if ffn_residual else 0) + model.ffn(x)  # (B, T, D)
+    return model.head(x)  # (B, T, V)
+
+
+_LM_STEP_MISTAKES = (
+    ({"attn_residual": False, "ffn_residual": False},
+     "you replaced x instead of adding to it, twice: step 4 adds the attention output to x, "
+     "then adds self.ffn(x) to x (residual connections)"),
+    ({"attn_residual": False},
+     "you replaced x by the attention output instead of adding it: step 4 is "
+     "x = x + self.out(attention output)"),
+    ({"ffn_residual": False},
+     "you replaced x by self.ffn(x) instead of adding it: step 4 is x = x + self.ffn(x)"),
+    ({"order": "kqv"},
+     "you swapped queries and keys: the first slice of self.qkv(x) holds the queries, the "
+     "second the keys (step 2)"),
+    ({"order": "vkq"},
+     "you swapped queries and values: the slices of self.qkv(x) are queries, keys, values, "
+     "in that order (step 2)"),
+    ({"order": "qvk"},
+     "you swapped keys and values: the slices of self.qkv(x) are queries, keys, values, in "
+     "that order (step 2)"),
+)
+
+
+def _check_lm_steps(model: torch.nn.Module, ids: torch.Tensor, logits: torch.Tensor) -> None:
+    """Compare with the reference built from the model's own layers; name a skipped step."""
+    missing = [name for name in _LM_PARTS if not isinstance(getattr(model, name, None),
+                                                           torch.nn.Module)]
+    if missing:
+        raise CheckFailure(f"your model has no layer(s) {missing}: keep the __init__ given in "
+                           "the exercise and write only forward")
+    with torch.no_grad():
+        expected = _reference_lm_logits(model, ids)  # (B, T, V)
+        if _close_nan(logits, expected):
+            return
+        for variant, message in _LM_STEP_MISTAKES:
+            if _close_nan(logits, _reference_lm_logits(model, ids, **variant)):
+                raise CheckFailure(f"your model has the right properties, but {message}")
+    raise CheckFailure(
+        "your model has the right properties, but its logits differ from the five steps "
+        f"applied to its own layers by up to {float((logits - expected).abs().max()):.3g}: "
+        "check each step against the exercise (the order, the residual additions, the "
+        "attention scale 1/sqrt(d))")

@@ -1,6 +1,7 @@
-"""Checks for chapter 06, multi-head attention: splitting into heads and merging them again,
-multi-head attention from given weights, the FLOP count of cross-attention, and switching heads
-off."""
+"""Checks for chapter 06, multi-head attention: a layer whose split into heads mixes positions
+(find the bug), a prediction of each head's score variance, multi-head attention from given
+weights, the FLOP count of cross-attention, and switching heads off. ``check_split_heads`` and
+``check_merge_heads`` check the two reshapes on their own (practice; no graded cell uses them)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib.attention import (
@@ -20,12 +22,12 @@ from course_lib.attention import (
     scaled_dot_product_attention,
     split_heads,
 )
-from course_lib.course.probes import ablate_heads
+from course_lib.course.probes import ablate_heads, who_sees_whom
 
 from ._core import Case, CheckFailure, Misconception, call_learner, compare_tensors, describe, rand
 
 # --------------------------------------------------------------------------------------------
-# Exercise 6.1: split_heads(x, n_heads)
+# Practice (no graded cell): split_heads(x, n_heads)
 
 HEAD_MIXING = (
     "Your heads mix positions: reshaping (B, T, D) straight to (B, H, T, Dh) gives the right "
@@ -104,7 +106,7 @@ def check_split_heads(split_heads_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 6.2: merge_heads(x)
+# Practice (no graded cell): merge_heads(x)
 
 
 def _merged_shape(x: torch.Tensor) -> tuple[int, int, int]:
@@ -177,6 +179,293 @@ def check_merge_heads(merge_heads_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Exercise 6.1 (find the bug): a multi-head layer whose split into heads mixes positions
+
+_REFERENCE = "nn.MultiheadAttention with the same weights"
+_APART = "the heads-apart property test"
+
+
+def _build_layers(layer_class: Callable, name: str, d_model: int, n_heads: int,
+                  seed: int) -> tuple[nn.Module, nn.MultiheadAttention]:
+    """The learner's layer and nn.MultiheadAttention, both holding the same random weights
+    (non-zero biases), built without touching the learner's random stream."""
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        reference = nn.MultiheadAttention(d_model, n_heads, batch_first=True).eval()
+        with torch.no_grad():
+            for p in reference.parameters():
+                p.add_(0.2 * torch.randn_like(p))  # non-zero biases, clearly different heads
+        try:
+            layer = layer_class(d_model, n_heads)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise CheckFailure(f"{name}({d_model}, {n_heads}) raised {type(exc).__name__}: "
+                               f"{exc}") from exc
+    finally:
+        torch.random.set_rng_state(state)
+    shapes = {"qkv_proj": (3 * d_model, d_model), "out_proj": (d_model, d_model)}
+    for attr, shape in shapes.items():
+        linear = getattr(layer, attr, None)
+        if not isinstance(linear, nn.Linear) or tuple(linear.weight.shape) != shape \
+                or linear.bias is None:
+            raise CheckFailure(f"{name}({d_model}, {n_heads}) has no nn.Linear '{attr}' with "
+                               f"weight {shape} and a bias: keep the __init__ of the layer "
+                               "you are repairing (subclass it and rewrite forward only)")
+    with torch.no_grad():
+        layer.qkv_proj.weight.copy_(reference.in_proj_weight)  # rows [W_q; W_k; W_v]
+        layer.qkv_proj.bias.copy_(reference.in_proj_bias)
+        layer.out_proj.weight.copy_(reference.out_proj.weight)
+        layer.out_proj.bias.copy_(reference.out_proj.bias)
+    return layer.eval().requires_grad_(False), reference
+
+
+def _concat_seen_by_out_proj(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """The input of layer.out_proj during layer(x): the heads' outputs side by side, (B, T, D);
+    None when the layer never calls out_proj as a module."""
+    seen = []
+    handle = layer.out_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            layer(x)
+    finally:
+        handle.remove()
+    return seen[0] if seen and isinstance(seen[0], torch.Tensor) else None
+
+
+def heads_moved_by(layer: nn.Module, x: torch.Tensor, head: int,
+                   n_heads: int) -> list[int] | None:
+    """The heads-apart property test: change only ``head``'s rows of W_q, W_k and W_v (in a
+    copy of the layer) and list the heads whose slice of the concatenation (the input of
+    out_proj) moved. A correct layer moves exactly ``[head]``. None when the layer never calls
+    out_proj as a module (nothing to measure)."""
+    probe = copy.deepcopy(layer)
+    before = _concat_seen_by_out_proj(probe, x)
+    if before is None or before.shape != x.shape:
+        return None
+    d_model = x.shape[-1]
+    d_head = d_model // n_heads
+    gen = torch.Generator().manual_seed(67)
+    with torch.no_grad():
+        for part in range(3):  # W_q, W_k, W_v
+            rows = slice(part * d_model + head * d_head, part * d_model + (head + 1) * d_head)
+            probe.qkv_proj.weight[rows] += 0.5 * torch.randn(d_head, d_model, generator=gen)
+    after = _concat_seen_by_out_proj(probe, x)
+    change = (after - before).abs().view(*x.shape[:2], n_heads, d_head).amax(dim=(0, 1, 3))
+    return [h for h in range(n_heads) if change[h] > 1e-5 * (1.0 + float(before.abs().max()))]
+
+
+def _layer_variant(layer: nn.Module, x: torch.Tensor, n_heads: int, *, split="right",
+                   merge="right", scale="head", softmax_dim=-1, use_out=True) -> torch.Tensor:
+    """The layer's computation with switches that reproduce plausible wrong repairs."""
+    batch, seq_len, d_model = x.shape
+    d_head = d_model // n_heads
+    q, k, v = layer.qkv_proj(x).chunk(3, dim=-1)  # (B, T, D) each
+    split_fn = {"right": lambda t: split_heads(t, n_heads),
+                "mixing": lambda t: _mixing_split(t, n_heads)}[split]
+    q, k, v = (split_fn(t) for t in (q, k, v))  # (B, H, T, Dh)
+    divisor = {"head": math.sqrt(d_head), "model": math.sqrt(d_model), "none": 1.0}[scale]
+    heads = torch.softmax(q @ k.transpose(-2, -1) / divisor, dim=softmax_dim) @ v
+    concat = {"right": merge_heads, "mixing": _mixing_merge}[merge](heads)  # (B, T, D)
+    return layer.out_proj(concat) if use_out else concat
+
+
+_FOUND_BY_REFERENCE = f" (found by comparing with {_REFERENCE})"
+_REPAIR_MISTAKES = [
+    (dict(merge="mixing"),
+     "Your split into heads is right now, but your merge mixes positions: reshaping "
+     "(B, H, T, Dh) straight to (B, T, D) reads the numbers head by head. Bring the positions "
+     "back next to the batch first, then flatten the heads' features" + _FOUND_BY_REFERENCE),
+    (dict(split="mixing", merge="mixing"),
+     "Your layer splits (B, T, D) straight into (B, H, T, Dh) and merges back the same way: "
+     "each 'head' then sees only the positions that landed in its chunk of memory. "
+     "who_sees_whom finds it: each output depends on only some of the input positions"),
+    (dict(scale="model"),
+     "Your split is right now, but you divide the scores by sqrt(d_model): each head dots "
+     "Dh-dimensional vectors, so divide by sqrt(Dh)" + _FOUND_BY_REFERENCE),
+    (dict(scale="none"),
+     "Your split is right now, but the scores are not scaled: divide by sqrt(Dh)"
+     + _FOUND_BY_REFERENCE),
+    (dict(softmax_dim=-2),
+     "Your softmax runs over the queries (dim -2); each query's weights must sum to 1 over "
+     "the keys, the last dimension" + _FOUND_BY_REFERENCE),
+    (dict(use_out=False),
+     "You return the concatenated heads: finish with the output projection, self.out_proj, "
+     "where the heads are mixed" + _FOUND_BY_REFERENCE),
+]
+
+
+def _diagnose_layer(layer: nn.Module, x: torch.Tensor, got: torch.Tensor,
+                    expected: torch.Tensor, n_heads: int, case: Case) -> str:
+    """Why a repaired layer's output differs from the reference: a known wrong repair, then
+    the two instruments, heads-apart and who_sees_whom."""
+    for switches, message in _REPAIR_MISTAKES:
+        with torch.no_grad():
+            wrong = _layer_variant(layer, x, n_heads, **switches)
+        if torch.allclose(got, wrong, atol=1e-5, rtol=1e-4) and not torch.allclose(
+                wrong, expected, atol=1e-5, rtol=1e-4):
+            return f"{message} (case '{case.name}')"
+    diff = float((got - expected).abs().max())
+    lines = [f"Your layer's output differs from {_REFERENCE} (largest difference {diff:.3g}, "
+             f"case '{case.name}')."]
+    with torch.no_grad():
+        sees = who_sees_whom(layer, x)  # (T, T) bool
+    if not bool(sees.all()):
+        counts = sees.sum(1).tolist()
+        lines.append(f"who_sees_whom finds the cause: without a mask every output should "
+                     f"depend on all {x.shape[1]} input positions, but yours depend on "
+                     f"{counts}. Your heads mix positions: each 'head' holds the positions "
+                     "that landed in its chunk of memory.")
+    moved = [(h, heads_moved_by(layer, x, h, n_heads)) for h in sorted({0, n_heads - 1})]
+    broken = [(h, m) for h, m in moved if m is not None and m != [h]]
+    if broken:
+        h, m = broken[0]
+        lines.append(f"The heads-apart property test finds the cause: changing only head "
+                     f"{h}'s rows of W_q, W_k and W_v moved the slices of heads {m} of the "
+                     f"concatenation (the input of out_proj); in a correct layer only head "
+                     f"{h}'s slice moves. Your split hands a head features that belong to "
+                     "other heads or positions: the lecture's property test (row t of every "
+                     "head depends on input position t alone) would have caught it.")
+    if len(lines) == 1:
+        lines.append(f"who_sees_whom and {_APART} both pass, so the split into heads looks "
+                     "right: compare the rest of forward (scaling, softmax, merge, out_proj) "
+                     "with the lecture's layer.")
+    return " ".join(lines)
+
+
+def _repair_cases() -> list[tuple[str, int, int, tuple[int, int], int]]:
+    """(name, d_model, n_heads, (B, T), seed)."""
+    return [
+        ("D=12, H=3, B=2, T=6", 12, 3, (2, 6), 1),
+        ("T = H = 4, D=16", 16, 4, (2, 4), 2),
+        ("one head, H=1", 8, 1, (2, 5), 3),
+        ("D=24, H=6, B=1, T=7", 24, 6, (1, 7), 4),
+        ("one position, T=1", 16, 2, (3, 1), 5),
+    ]
+
+
+def check_fixed_attention(layer_class: Callable) -> None:
+    """Check a repaired multi-head self-attention class: ``layer_class(d_model, n_heads)``
+    keeps the suspect layer's ``qkv_proj`` (rows [W_q; W_k; W_v]) and ``out_proj``, and
+    ``forward(x)`` (B, T, D) -> (B, T, D) must equal nn.MultiheadAttention holding the same
+    weights on every case. A wrong layer is examined with who_sees_whom and the heads-apart
+    property test, and the message names the instrument that finds the mistake.
+
+    Args:
+        layer_class: the learner's class (an nn.Module subclass).
+    """
+    name = getattr(layer_class, "__name__", "your layer")
+    if not (isinstance(layer_class, type) and issubclass(layer_class, nn.Module)):
+        raise CheckFailure(f"expected a class (an nn.Module subclass), got "
+                           f"{describe(layer_class)}: pass the class itself, not an instance")
+    labels = []
+    for label, d_model, n_heads, (batch, seq_len), seed in _repair_cases():
+        layer, reference = _build_layers(layer_class, name, d_model, n_heads, seed)
+        x = rand(torch.Generator().manual_seed(660 + seed), batch, seq_len, d_model)
+        case = Case(label, (x,))
+        got = call_learner(layer, case, fn_name=f"{name}.forward")
+        with torch.no_grad():
+            expected = reference(x, x, x, need_weights=False)[0]  # (B, T, D)
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+            got = got.detach()
+            if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
+                raise CheckFailure(_diagnose_layer(layer, x, got, expected, n_heads, case))
+        compare_tensors(got, expected, case, what=f"The output of {name}")
+        labels.append(label)
+    print(f"\u2705 {name} equals {_REFERENCE} on all {len(labels)} test cases "
+          f"({'; '.join(labels)})")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6.2 (predict, then verify): one divisor for every head size
+
+_PREDICTION_SETTING = (
+    "D = 512, 32 heads of Dh = 16, scores still divided by sqrt(64) = 8, queries and keys with "
+    "independent entries of mean 0 and variance 1"
+)
+VARIANCE_MISTAKES = {
+    1.0: "You assumed the divisor 8 still makes the variance 1. It was chosen for heads of 64: "
+         "a head's dot product sums Dh products of variance 1, so its variance is Dh = 16 now",
+    2.0: "You divided the variance by 8. Dividing the scores by 8 divides their variance by "
+         "8 squared, 64",
+    0.5: "0.5 is the standard deviation (4 / 8). The variance is its square",
+    16.0: "16 is the variance of the dot products before the division by 8",
+    64.0: "64 was the dot products' variance with the old heads of 64; the new heads have 16 "
+          "features",
+    1 / 16: "1/16 is the lecture's number for 16 heads of 16 divided by sqrt(256) = 16. Here "
+            "the divisor is 8, which divides the variance (Dh = 16) by 64",
+    1 / 32: "You divided by d_model (512). The divisor is sqrt(64) = 8, so the variance is "
+            "divided by 64",
+}
+DIVISOR_MISTAKES = {
+    8.0: "8 is the old divisor, made for heads of 64 features",
+    16.0: "Dividing by Dh itself gives a variance of 16 / 16^2 = 1/16. Divide by the standard "
+          "deviation of the dot products, sqrt(Dh)",
+    math.sqrt(512): "sqrt(d_model) belongs to one head of width d_model; each head here dots "
+                    "16-dimensional vectors",
+    2.0: "With divisor 2 the variance is 16 / 4 = 4, not 1",
+    0.5: "A divisor below 1 makes the scores larger; the variance must go from 16 down to 1",
+}
+
+
+def _as_real(value: Any) -> float | None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _grade_one(value: float, expected: float, mistakes: dict[float, str], what: str) -> None:
+    if math.isclose(value, expected, rel_tol=0.1):
+        return
+    for wrong, message in mistakes.items():
+        if math.isclose(value, wrong, rel_tol=0.05):
+            raise CheckFailure(f"Your {what} is {value:g}. {message}")
+    raise CheckFailure(f"Your {what} is {value:g}, which does not match the setting "
+                       f"({_PREDICTION_SETTING}). Work it out from two facts: a dot product "
+                       "of n independent products of variance 1 has variance n, and dividing "
+                       "a number by c divides its variance by c squared")
+
+
+def measured_score_stats(divisor: float, *, d_head: int = 16, n_heads: int = 32,
+                         n_keys: int = 64) -> tuple[float, float]:
+    """Variance of the scores q.k / divisor and mean entropy (nats) of each query's weights,
+    for random unit-variance queries and keys (seeded)."""
+    gen = torch.Generator().manual_seed(62)
+    q, k = (torch.randn(20, n_heads, n_keys, d_head, generator=gen) for _ in range(2))
+    scores = q @ k.transpose(-2, -1) / divisor  # (N, H, T, S)
+    weights = torch.softmax(scores, dim=-1)
+    return float(scores.var()), float(torch.special.entr(weights).sum(-1).mean())
+
+
+def check_scale_predictions(predictions: Callable) -> None:
+    """Check ``predictions()`` -> (variance, divisor): the variance of one head's scores in
+    the setting of exercise 6.2, and the divisor that brings it back to 1; then print the
+    measurement.
+
+    Args:
+        predictions: the learner's function of no arguments.
+    """
+    got = call_learner(predictions, Case("the setting of exercise 6.2"))
+    values = [_as_real(v) for v in got] if isinstance(got, (tuple, list)) else []
+    if len(values) != 2 or None in values:
+        raise CheckFailure(f"predictions() should return two numbers, (variance, divisor), "
+                           f"but returned {describe(got)}")
+    variance, divisor = values
+    _grade_one(variance, 16 / 64, VARIANCE_MISTAKES, "predicted variance with divisor 8")
+    _grade_one(divisor, 4.0, DIVISOR_MISTAKES, "divisor")
+    (var_8, ent_8), (var_4, ent_4) = measured_score_stats(8.0), measured_score_stats(4.0)
+    print(f"\u2705 Your predictions hold: variance {variance:g} with divisor 8, and divisor "
+          f"{divisor:g} brings it back to 1.\nMeasured on random queries and keys (32 heads "
+          f"of 16, 64 keys): score variance {var_8:.2f} with divisor 8, {var_4:.2f} with "
+          f"divisor 4; entropy of the weights {ent_8:.2f} and {ent_4:.2f} nats (uniform "
+          f"weights: log 64 = {math.log(64):.2f}), so the old divisor leaves every head "
+          "closer to averaging everything.")
+
+
+# --------------------------------------------------------------------------------------------
 # Exercise 6.3: multi_head_attention(x, W_q, W_k, W_v, W_o, n_heads)
 
 
@@ -202,7 +491,8 @@ def _mha(x, W_q, W_k, W_v, W_o, n_heads, *, scale="head", split=split_heads, mer
     t = (lambda w: w.T) if transpose else (lambda w: w)
     q, k, v = (split(x @ t(w), n_heads) for w in (W_q, W_k, W_v))  # (B, H, T, Dh)
     d_head = q.shape[-1]
-    divisor = {"head": math.sqrt(d_head), "model": math.sqrt(x.shape[-1]), "none": 1.0}[scale]
+    divisor = {"head": math.sqrt(d_head), "model": math.sqrt(x.shape[-1]), "none": 1.0,
+               "d_head": d_head}[scale]
     scores = q @ k.transpose(-2, -1) / divisor  # (B, H, T, T)
     out = torch.softmax(scores, dim=softmax_dim) @ v  # (B, H, T, Dh)
     concat = merge(out)  # (B, T, D)
@@ -221,6 +511,11 @@ MHA_MISTAKES = [
         functools.partial(_mha, scale="none"),
         "Your scores are not scaled: divide each head's q k^T by sqrt(Dh), "
         "Dh = d_model / n_heads",
+    ),
+    Misconception(
+        functools.partial(_mha, scale="d_head"),
+        "You divided the scores by Dh itself. A dot product of Dh features has variance Dh, "
+        "so its typical size is sqrt(Dh): divide by sqrt(Dh), not Dh",
     ),
     Misconception(
         functools.partial(_mha, use_w_o=False),
@@ -267,13 +562,14 @@ def _weights(gen: torch.Generator, d_model: int, scale: float = 1.0) -> tuple:
 
 def _mha_cases(seed: int) -> list[Case]:
     gen = torch.Generator().manual_seed(seed)
+    # Dh != sqrt(D) in every case with H > 1, so dividing by Dh and by sqrt(d_model) differ
     specs = [
-        ("B=2, T=5, D=16, H=4", (2, 5, 16), 4, 2.0),
+        ("B=2, T=5, D=12, H=3", (2, 5, 12), 3, 2.0),
         ("one head, H=1", (2, 4, 8), 1, 2.0),
         ("Dh=1: D=6, H=6", (1, 5, 6), 6, 2.0),
         ("one position, T=1", (2, 1, 8), 2, 2.0),
         ("B=1, T=7, D=24, H=3", (1, 7, 24), 3, 2.0),
-        ("T = H = 4, larger weights", (2, 4, 16), 4, 3.0),
+        ("T = H = 4, D=32, larger weights", (2, 4, 32), 4, 3.0),
     ]
     return [Case(name, (rand(gen, *shape), *_weights(gen, shape[-1], scale), n_heads),
                  hint="x is (B, T, D) and every weight (D, D) in nn.Linear's (out, in) layout")
@@ -408,22 +704,22 @@ _PARTS = (
 )
 
 
-def _as_number(got: Any) -> float | None:
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        return float(got)
-    if isinstance(got, numbers.Real) and not isinstance(got, bool):
-        return float(got)
-    return None
+def _as_count(got: Any, case: Case) -> int:
+    """A learner's count as an int: Python and numpy integers only (a count is whole and
+    exact); anything else, floats and tensors included, gives a CheckFailure."""
+    if isinstance(got, numbers.Integral) and not isinstance(got, bool):
+        return int(got)
+    why = {float: " (a FLOP count is a whole number: keep the arithmetic in integers, // "
+                  "rather than /)",
+           torch.Tensor: " (a count is a plain number, not a tensor)"}
+    extra = next((text for kind, text in why.items() if isinstance(got, kind)), "")
+    raise CheckFailure(f"cross_attention_flops returned {describe(got)}{extra}: return an int "
+                       f"(case '{case.name}')")
 
 
-def _number(fn: Callable, case: Case) -> float:
-    """The learner's count for a case, or a CheckFailure when it is not a number."""
-    got = call_learner(fn, case)
-    value = _as_number(got)
-    if value is None:
-        raise CheckFailure(f"cross_attention_flops should return a number (an int), but "
-                           f"returned {describe(got)} (case '{case.name}')")
-    return value
+def _number(fn: Callable, case: Case) -> int:
+    """The learner's count for a case, or a CheckFailure when it is not an int."""
+    return _as_count(call_learner(fn, case), case)
 
 
 def _parts(count: Callable[..., float], b: int, t: int, s: int, d: int, h: int) -> list[float]:
@@ -504,11 +800,8 @@ def check_cross_attention_flops(cross_attention_flops: Callable) -> None:
 
     def check_one(got, case: Case) -> None:
         expected = measured_flops(*case.args)
-        value = _as_number(got)
-        if value is None:
-            raise CheckFailure(f"cross_attention_flops should return a number (an int), but "
-                               f"returned {describe(got)} (case '{case.name}')")
-        if math.isclose(value, expected, rel_tol=1e-9):
+        value = _as_count(got, case)
+        if value == expected:
             return
         for m in CROSS_FLOP_MISTAKES:
             wrong = m.wrong(*case.args)

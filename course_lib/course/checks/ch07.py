@@ -1,7 +1,9 @@
-"""Checks for chapter 07, norms, residuals, scaling and dropout: LayerNorm and RMSNorm from
-their equations, a whole stack of residual sublayers in either order (pre-norm with its final
-norm, or post-norm), the per-layer gradient norms of a stack, and inverted dropout with its
-train/eval switch."""
+"""Checks for chapter 07, norms, residuals, scaling and dropout: LayerNorm from its equations
+(and RMSNorm, which the lecture builds), a whole stack of residual sublayers in either order
+(pre-norm with its final norm, or post-norm), a pre-norm block with a planted bug graded by
+equality with course_lib's block (and located by ``first_divergence``), the per-layer gradient
+norms of a stack, inverted dropout with its train/eval switch and its independent draws, and
+the 1/sqrt(2N) initialisation as an experiment graded by the properties of its measurements."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from course_lib.blocks import EncoderBlock
+from course_lib.course.divergence import first_divergence
 from course_lib.course.probes import layer_grad_norms as reference_layer_grad_norms
 from course_lib.layers import layer_norm, rms_norm
 
@@ -178,7 +181,7 @@ def check_layer_norm(layer_norm_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 7.2: rms_norm(x, weight, eps)
+# RMSNorm: rms_norm(x, weight, eps) (built in the lecture; a check for learners who want it)
 
 
 RMS_NORM_MISTAKES = _quietly([
@@ -273,7 +276,7 @@ def check_rms_norm(rms_norm_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 7.3: residual_stack(x, sublayers, norms, norm_first, final_norm=None)
+# Exercise 7.2: residual_stack(x, sublayers, norms, norm_first, final_norm=None)
 
 
 class SelfAttentionOnly(nn.Module):
@@ -710,6 +713,8 @@ def check_layer_grad_norms(layer_grad_norms: Callable) -> None:
 # --------------------------------------------------------------------------------------------
 # Exercise 7.5: dropout(x, p, training)
 
+N_REPEATS = 200
+
 
 def _fail(message: str, case: Case) -> CheckFailure:
     return CheckFailure(f"{message} (case '{case.name}')")
@@ -778,6 +783,27 @@ def _check_independent(got: torch.Tensor, again: torch.Tensor, case: Case) -> No
                     "function)", case)
 
 
+REPEATED_CASE = f"training, p=0.5, 64 values, {N_REPEATS} calls"
+
+
+def _check_count_varies(dropout: Callable, got: torch.Tensor, case: Case) -> None:
+    """Each element is dropped independently, so the NUMBER dropped is binomial: over many
+    calls it varies, with a standard deviation of sqrt(n p (1 - p)) (4 for n = 64, p = 0.5)."""
+    x, p, _ = case.args
+    counts = [float((got == 0).sum())]
+    for _ in range(N_REPEATS - 1):
+        counts.append(float((call_learner(dropout, case) == 0).sum()))
+    spread = float(torch.tensor(counts).std())
+    expected = math.sqrt(x.numel() * p * (1 - p))
+    if spread < expected / 4:
+        raise _fail(f"Your function dropped {counts[0]:.0f} of {x.numel()} values at every one "
+                    f"of {N_REPEATS} calls (spread {spread:.2f}). Dropout decides for each "
+                    "element independently, so the number dropped varies from call to call, "
+                    f"like a binomial (standard deviation sqrt(n p (1 - p)) = {expected:.1f} "
+                    "here). Dropping exactly round(p * n) chosen elements is not dropout: draw "
+                    "one random number per element and compare it with p", case)
+
+
 def _dropout_cases(seed: int) -> list[Case]:
     gen = torch.Generator().manual_seed(seed)
     big = rand(gen, 400, 250) + 0.1  # 100,000 values, none of them 0
@@ -789,6 +815,7 @@ def _dropout_cases(seed: int) -> list[Case]:
         Case("training, p=0", (rand(gen, 3, 5), 0.0, True)),
         Case("eval mode, p=0.3, batched (2, 3, 4)", (rand(gen, 2, 3, 4), 0.3, False)),
         Case("training, p=0.3, a 1-D tensor of 7 values", (rand(gen, 7) + 3.0, 0.3, True)),
+        Case(REPEATED_CASE, (rand(gen, 4, 16) + 3.0, 0.5, True)),
     ]
 
 
@@ -817,6 +844,8 @@ def check_dropout(dropout: Callable) -> None:
                             "equal x", case)
             return
         _check_kept_values(got, x, p, case)
+        if case.name == REPEATED_CASE:
+            _check_count_varies(dropout, got, case)
         if x.numel() >= 10_000:
             _check_independent(got, call_learner(dropout, case), case)
             _check_fraction(got, p, case)
@@ -824,3 +853,214 @@ def check_dropout(dropout: Callable) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(75)
         run_cases("dropout", dropout, _dropout_cases(seed=75), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.3 (find the bug): a pre-norm block written out by hand
+
+
+_INSTRUMENT = ("Instrument: equality with the reference, course_lib's "
+               "EncoderBlock(norm_first=True) with your block's weights copied in; "
+               "course_lib.course.divergence.first_divergence(reference, your_block, run) "
+               "locates the first submodule whose output differs")
+
+
+def _pre_norm_variants(ref: EncoderBlock, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What plausible wrong fixes compute, from the reference block's own sublayers."""
+    def attn(h: torch.Tensor) -> torch.Tensor:
+        return ref.self_attn(h)[0]  # (B, T, D)
+
+    a_pre = x + attn(ref.attn_norm(x))  # the first step, done right
+    a_post = ref.attn_norm(x + attn(x))
+    right = a_pre + ref.ff(ref.ff_norm(a_pre))
+    return {
+        "unchanged": ref.ff_norm(a_pre + ref.ff(a_pre)),
+        "post-norm": ref.ff_norm(a_post + ref.ff(a_post)),
+        "output normalised": ref.ff_norm(right),
+        "no residual": ref.ff(ref.ff_norm(a_pre)),
+        "normalised stream": ref.ff_norm(a_pre) + ref.ff(ref.ff_norm(a_pre)),
+        "output of ff normalised": a_pre + ref.ff_norm(ref.ff(a_pre)),
+    }
+
+
+_PRE_NORM_MESSAGES = {
+    "unchanged": "Your block still computes what the buggy block computes: one of its two steps "
+                 "is not in the pre-norm order x + f(LN(x)) of eq. 30. Compare each step with "
+                 "the equation",
+    "post-norm": "Your block is now post-norm in BOTH steps, LN(x + f(x)) (eq. 31). The block "
+                 "is meant to be pre-norm, x + f(LN(x)) (eq. 30): fix the step that differs "
+                 "from the other instead",
+    "output normalised": "Your block normalises its output: a pre-norm block never normalises "
+                         "the stream itself. The final LayerNorm belongs to the model, once, after "
+                         "the last block",
+    "no residual": "Your feed-forward step lost its residual connection: add the stream back, "
+                   "x + f(LN(x))",
+    "normalised stream": "Your residual adds the NORMALISED stream, LN(x) + f(LN(x)): the residual "
+                         "connection carries x itself, x + f(LN(x))",
+    "output of ff normalised": "You normalised the feed-forward network's OUTPUT, x + LN(f(x)): "
+                               "pre-norm normalises its INPUT, x + f(LN(x))",
+}
+
+
+def _locate(ref: nn.Module, block: nn.Module, x: torch.Tensor) -> str:
+    try:
+        report = first_divergence(ref, block, lambda m: m(x))
+        if report.agree:
+            return (f"{report}: every submodule's own output agrees, so the difference is in "
+                    "the code between them (the residual additions, which norm is applied to "
+                    "what)")
+        return str(report)
+    except (ValueError, RuntimeError) as exc:  # e.g. NaN outputs: nothing to conclude
+        return f"(the locator could not run: {exc})"
+
+
+def _build_block(block_cls: Callable, d: int, n_heads: int, ref: EncoderBlock) -> nn.Module:
+    try:
+        block = block_cls(d, n_heads)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise CheckFailure(f"{getattr(block_cls, '__name__', 'your block')}({d}, {n_heads}) "
+                           f"raised {type(exc).__name__} while building the block:\n    {exc}\n"
+                           "Keep the buggy block's __init__ (subclass it and override forward "
+                           "only)") from exc
+    if not isinstance(block, nn.Module):
+        raise CheckFailure(f"expected an nn.Module class, got {describe(block)}")
+    mine, theirs = set(block.state_dict()), set(ref.state_dict())
+    if mine != theirs:
+        raise CheckFailure(f"Your block's parameters are not the buggy block's: missing "
+                           f"{sorted(theirs - mine)[:4]}, extra {sorted(mine - theirs)[:4]}. "
+                           "Keep its __init__ and fix forward only")
+    block.load_state_dict(ref.state_dict())
+    return block.eval()
+
+
+def check_pre_norm_block(block_cls: Callable) -> None:
+    """Check a fixed pre-norm block: ``block_cls(d_model, n_heads)`` with the attributes
+    ``self_attn``, ``attn_norm``, ``ff``, ``ff_norm``, whose ``forward(x)`` returns (B, T, D).
+    It is compared with course_lib's ``EncoderBlock(norm_first=True)`` holding the same
+    weights on several inputs; on a difference the message recognises common wrong fixes and
+    adds the report of ``first_divergence``.
+
+    Args:
+        block_cls: the learner's block class.
+    """
+    gen = torch.Generator().manual_seed(76)
+    specs = [("(2, 5, 16), 2 heads, input of size 3 with offset 1", (2, 5, 16), 2, 3.0, 1.0),
+             ("(1, 7, 32), 4 heads, input of size 1", (1, 7, 32), 4, 1.0, 0.0),
+             ("(3, 1, 16), one position", (3, 1, 16), 2, 2.0, -1.0),
+             ("(2, 6, 8), 1 head, a large input", (2, 6, 8), 1, 20.0, 5.0)]
+    cases = []
+    with torch.random.fork_rng(devices=[]):  # leave the learner's random stream alone
+        for i, (name, shape, heads, scale, offset) in enumerate(specs):
+            torch.manual_seed(760 + i)
+            ref = EncoderBlock(shape[-1], heads, norm_first=True).eval()
+            with torch.no_grad():  # random gains and biases, so that a misplaced norm shows
+                for norm in (ref.attn_norm, ref.ff_norm):
+                    norm.weight.copy_(1 + 0.5 * torch.randn(shape[-1]))
+                    norm.bias.copy_(0.5 * torch.randn(shape[-1]))
+            cases.append((Case(name, (rand(gen, *shape, scale=scale) + offset,)), ref, heads))
+    with torch.random.fork_rng(devices=[]):  # building the learner's blocks draws numbers too
+        for case, ref, heads in cases:
+            _compare_block(block_cls, case, ref, heads)
+    labels = "; ".join(c.name for c, _, _ in cases)
+    print(f"\u2705 your block equals course_lib's pre-norm EncoderBlock with the same weights on "
+          f"all {len(cases)} inputs ({labels})")
+
+
+def _compare_block(block_cls: Callable, case: Case, ref: EncoderBlock, heads: int) -> None:
+    """Build the learner's block with the reference's weights and compare one input."""
+    (x,) = case.args
+    block = _build_block(block_cls, x.shape[-1], heads, ref)
+    with torch.no_grad():
+        got = call_learner(block, case, fn_name="your block")
+        if isinstance(got, tuple) and got and isinstance(got[0], torch.Tensor):
+            got = got[0]  # (out, weights), as EncoderBlock returns: the output is enough
+        expected = ref(x)[0]  # (B, T, D)
+        variants = _pre_norm_variants(ref, x)
+    mistakes = [Misconception(lambda *args, v=v: v, _PRE_NORM_MESSAGES[k])
+                for k, v in variants.items()]
+    try:
+        compare_tensors(got, expected, case, what="Your block's output",
+                        misconceptions=mistakes)
+    except CheckFailure as failure:
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+            with torch.no_grad():
+                report = _locate(ref, block, x)
+            raise CheckFailure(f"{failure}\n{_INSTRUMENT}; here it says:\n{report}") from None
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.6 (experiment): the 1/sqrt(2N) initialisation and the residual stream
+
+SWEEP = (2, 6, 12, 24, 48)
+
+
+def _measure(stream_std_after: Callable, x: torch.Tensor, n_blocks: int, scaled: bool) -> float:
+    case = Case(f"n_blocks={n_blocks}, scaled={scaled}", (x, n_blocks, scaled))
+    got = call_learner(stream_std_after, case)
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise CheckFailure(f"stream_std_after should return one number (a float), but returned "
+                           f"{describe(got)} (case '{case.name}')")
+    if not math.isfinite(got) or got <= 0:
+        raise CheckFailure(f"stream_std_after returned {got} (case '{case.name}'): a standard "
+                           "deviation is a positive, finite number")
+    return float(got)
+
+
+def _judge_sweep(unscaled: list[float], scaled: list[float], x_std: float) -> None:
+    if all(abs(v - 1) < 0.05 for v in unscaled + scaled):
+        raise CheckFailure("Every standard deviation you measured is about 1: that is the size "
+                           "of a LayerNorm's output. Measure the residual stream itself, the "
+                           "block's output h, with no final LayerNorm")
+    growth, spread = unscaled[-1] / unscaled[0], max(scaled) / min(scaled)
+    shrink = scaled[0] / scaled[-1]
+    if growth < 2:
+        raise CheckFailure(f"Without the scaling your stream grows only x{growth:.2f} from "
+                           f"{SWEEP[0]} to {SWEEP[-1]} blocks; it should grow several times. Start "
+                           "every weight matrix at std 0.02 and every bias at 0 (GPT-2's "
+                           "initialisation), leave the LayerNorms alone, and pass x through "
+                           "the blocks unchanged")
+    if scaled[-1] > 0.98 * unscaled[-1]:
+        raise CheckFailure("With scaled=True your stream is as large as without: does your "
+                           "function use its `scaled` argument?")
+    if spread > 1.25 or shrink > 1.12:
+        trend = "shrinks" if shrink > 1.12 else "still grows"
+        fix = ("divide the std by sqrt(2N), not by 2N" if trend == "shrinks" else
+               "give the two projections that WRITE into the stream (self_attn.out_proj and "
+               "ff.fc2) std 0.02 / sqrt(2N), with N the number of blocks of THIS stack, and "
+               "every bias 0")
+        raise CheckFailure(f"With the scaling your stream {trend} with depth (from "
+                           f"{scaled[0]:.3f} to {scaled[-1]:.3f}): {fix}")
+    if min(scaled) < x_std * 0.9:
+        raise CheckFailure(f"Your scaled stream ({min(scaled):.3f}) is smaller than its input "
+                           f"({x_std:.3f}): blocks add to the stream, they cannot shrink it. "
+                           "Is the input passed through every block, h = block(h)[0]?")
+
+
+def check_scaled_init(stream_std_after: Callable) -> None:
+    """Check the experiment ``stream_std_after(x, n_blocks, scaled)`` -> float: the standard
+    deviation of the residual stream after ``n_blocks`` pre-norm EncoderBlocks initialised
+    GPT-2-style, with or without the 1/sqrt(2N) scaling. The check runs the sweep itself and
+    grades properties of the result (the unscaled stream grows with depth, the scaled one
+    stays flat), not exact numbers; then it prints the measurements.
+
+    Args:
+        stream_std_after: the learner's function.
+    """
+    x = 0.02 * torch.randn(8, 16, 64, generator=torch.Generator().manual_seed(77))  # (B, T, D)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(77)
+        unscaled = [_measure(stream_std_after, x, n, False) for n in SWEEP]
+        scaled = [_measure(stream_std_after, x, n, True) for n in SWEEP]
+    _judge_sweep(unscaled, scaled, float(x.std()))
+    print(f"\u2705 the unscaled stream grows x{unscaled[-1] / unscaled[0]:.1f} from {SWEEP[0]} "
+          f"to {SWEEP[-1]} blocks; with 1/sqrt(2N) it stays within "
+          f"x{max(scaled) / min(scaled):.2f}")
+    print(f"input std {float(x.std()):.3f}")
+    print(f"{'blocks N':>8} {'std 0.02':>9} {'0.02 / sqrt(2N)':>16}")
+    for n, u, s in zip(SWEEP, unscaled, scaled, strict=True):
+        print(f"{n:>8} {u:9.3f} {s:16.3f}")

@@ -1,6 +1,6 @@
 """Checks for chapter 08, full architectures: cross-attention, a post-norm BERT layer built
-from course_lib parts, the parameter count of a GPT-2 configuration, and mean pooling with a
-padding mask.
+from course_lib parts, the parameter count of a GPT-2 configuration, mean pooling with a
+padding mask (a find-the-bug exercise), and predictions of what BERT's masking rule does.
 
 Conventions (as in the chapter): weights have ``nn.Linear``'s layout (out, in); the fused
 projection ``w_qkv`` stacks the rows [W_q; W_k; W_v]; masks are boolean, True for real tokens.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from course_lib.configs import DecoderConfig
 from course_lib.course.bert_app import default_model_dir, load_pretrained_encoder
 from course_lib.models import DecoderLM, count_parameters
 from course_lib.pretrained import mean_pool
+from course_lib.tasks import mask_tokens
 
 from ._core import (
     Case,
@@ -31,6 +33,7 @@ from ._core import (
     as_int,
     call_learner,
     compare_tensors,
+    describe,
     rand,
     run_cases,
 )
@@ -563,14 +566,26 @@ def check_gpt2_parameter_count(gpt2_parameter_count: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 8.4: mean_pool(hidden, attention_mask)
+# Exercise 8.4 (find the bug): mean_pool(hidden, attention_mask)
 
 
 def _masked(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return hidden * keep[..., None].to(hidden.dtype)  # (B, T, D), padding zeroed
 
 
+POOL_INSTRUMENT = (
+    "The instrument that finds this bug: compare with a reference on padded batches (here "
+    "course_lib's mean_pool), or embed one sentence alone and inside a padded batch: the two "
+    "vectors must be equal"
+)
+
 POOL_MISTAKES = [
+    Misconception(
+        lambda hidden, keep: hidden.sum(dim=1) / keep.sum(dim=1, keepdim=True).clamp(min=1),
+        "Your sum still includes the pad vectors (you divide by the number of real tokens, but "
+        "add up every position): zero the padded positions, or select the real ones, before "
+        "summing",
+    ),
     Misconception(
         lambda hidden, keep: hidden.mean(dim=1),
         "You averaged over every position, padding included: the pad vectors are junk, so the "
@@ -630,8 +645,11 @@ def check_mean_pool(mean_pool_fn: Callable) -> None:
                 "count is 0, and 0 / 0 is NaN. Keep the count at least 1 (or 1e-9), e.g. "
                 f".clamp(min=1e-9), so such a row gives zeros (case '{case.name}')"
             )
-        compare_tensors(got, expected, case, what="Your pooled vectors",
-                        misconceptions=POOL_MISTAKES)
+        try:
+            compare_tensors(got, expected, case, what="Your pooled vectors",
+                            misconceptions=POOL_MISTAKES)
+        except CheckFailure as failure:
+            raise CheckFailure(f"{failure}\n{POOL_INSTRUMENT}") from None
 
     gen = torch.Generator().manual_seed(84)
     cases = [
@@ -647,3 +665,99 @@ def check_mean_pool(mean_pool_fn: Callable) -> None:
              (rand(gen, 2, 3, 4), padding_mask([3, 0]))),
     ]
     run_cases("mean_pool", mean_pool_fn, cases, check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 8.5 (predict, then verify): what BERT's masking rule does to a batch
+
+MASKING_KEYS = ("mask_share", "changed_share", "scored_share")
+N_CHARS = 65  # the chapter's Shakespeare characters
+MASKING_TOL = 0.005
+
+
+def measured_masking(n_rows: int = 1000, n_cols: int = 200) -> dict[str, float]:
+    """The three shares, measured with course_lib's mask_tokens (p = 0.15) on random ids."""
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.randint(0, N_CHARS, (n_rows, n_cols), generator=gen)
+    inputs, labels = mask_tokens(ids, mask_id=N_CHARS, vocab_size=N_CHARS, generator=gen)
+    return {"mask_share": float((inputs == N_CHARS).float().mean()),
+            "changed_share": float((inputs != ids).float().mean()),
+            "scored_share": float((labels != -100).float().mean())}
+
+
+def _as_share(key: str, value: object) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CheckFailure(f"{key} should be a number between 0 and 1 (a share, e.g. 0.25), got "
+                           f"{value!r}")
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        hint = " (a percentage? write 25% as 0.25)" if 1.0 < value <= 100.0 else ""
+        raise CheckFailure(f"{key} should be a share between 0 and 1, got {value}{hint}")
+    return value
+
+
+def _near(value: float, target: float) -> bool:
+    return abs(value - target) <= MASKING_TOL
+
+
+MASKING_MISTAKES = {
+    "mask_share": [
+        (0.15, "mask_share: 0.15 positions are *selected*, but only 80% of those show [MASK]"),
+        (0.8, "mask_share: 0.8 is the share among the selected positions; as a share of all "
+              "positions it is smaller"),
+        (0.135, "mask_share: that is the share of changed tokens; [MASK] is only 80% of the "
+                "selected ones"),
+    ],
+    "changed_share": [
+        (0.15, "changed_share: 10% of the selected positions keep their own token, so fewer "
+               "than 15% of the tokens change"),
+        (0.12, "changed_share: the 10% of selected positions that get a random token change "
+               "too (unless the draw happens to hit the original, 1 time in 65)"),
+        (0.8, "changed_share: that is a share among the selected positions; as a share of all "
+              "positions?"),
+    ],
+    "scored_share": [
+        (0.12, "scored_share: the loss counts every selected position, not only the [MASK] "
+               "ones: the model cannot tell which visible tokens are the random or unchanged "
+               "10% and 10%, and must predict the original there too"),
+        (0.135, "scored_share: the loss counts every selected position, the unchanged ones "
+                "too"),
+        (1.0, "scored_share: unselected positions carry the label -100, which the loss skips; "
+              "predicting a token the model can see would only teach it to copy"),
+    ],
+}
+
+
+def check_masking_predictions(predict_masking: Callable) -> None:
+    """Grade exercise 8.5's three predictions, then print the measured shares.
+
+    Args:
+        predict_masking: takes no argument and returns a dict with the keys ``mask_share``,
+            ``changed_share`` and ``scored_share`` (numbers in [0, 1]).
+    """
+    got = call_learner(predict_masking, Case("your predictions"))
+    if not isinstance(got, Mapping):
+        raise CheckFailure(f"predict_masking should return a dict with the keys "
+                           f"{list(MASKING_KEYS)}, got {describe(got)}")
+    missing = [k for k in MASKING_KEYS if k not in got]
+    if missing:
+        raise CheckFailure(f"your dict lacks the key(s) {missing}; it needs {list(MASKING_KEYS)}")
+    shares = {key: _as_share(key, got[key]) for key in MASKING_KEYS}
+    # p = 0.15; 80% [MASK], 10% a random token (the same one with chance 1/65), 10% unchanged
+    expected = {"mask_share": 0.15 * 0.8, "scored_share": 0.15,
+                "changed_share": 0.15 * (0.8 + 0.1 * (1 - 1 / N_CHARS))}
+    for key in MASKING_KEYS:
+        if _near(shares[key], expected[key]):
+            continue
+        for wrong, message in MASKING_MISTAKES[key]:
+            if _near(shares[key], wrong):
+                raise CheckFailure(message)
+        raise CheckFailure(f"{key}: {shares[key]:.3f} is not it. Follow one position through "
+                           "the rule: selected with probability 0.15, then 80/10/10")
+    measured = measured_masking()
+    print("\u2705 all three predictions are right. Measured with course_lib's mask_tokens on "
+          "200,000 positions:")
+    for key in MASKING_KEYS:
+        print(f"    {key:14s} predicted {shares[key]:.3f}   measured {measured[key]:.3f}")

@@ -1,26 +1,57 @@
 """Checks for chapter 09, training Transformers: the language-model loss with shifted targets,
 the sampling distribution (temperature, top-k, top-p), a greedy decoding loop for an
-encoder-decoder, the alignment score of cross-attention, and one step of attention with a
-key/value cache."""
+encoder-decoder, a planted bug in the alignment score of cross-attention, one step of attention
+with a key/value cache, and a prediction of the cache's bytes per token."""
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from course_lib.attention import scaled_dot_product_attention
-from course_lib.configs import EncoderDecoderConfig
+from course_lib.cache import KVCache
+from course_lib.configs import DecoderConfig, EncoderDecoderConfig
 from course_lib.generation import generate_seq2seq, next_token_probs
 from course_lib.metrics import alignment_score
-from course_lib.models import EncoderDecoder, lm_loss
+from course_lib.models import DecoderLM, EncoderDecoder, lm_loss
 from course_lib.tokenizer import IGNORE_INDEX
 
-from ._core import Case, CheckFailure, Misconception, compare_tensors, describe, rand, run_cases
+from ._core import (
+    Case,
+    CheckFailure,
+    Misconception,
+    call_learner,
+    compare_tensors,
+    describe,
+    rand,
+    run_cases,
+)
+
+
+def _require_count(value: Any, what: str) -> int:
+    """A count is a Python int or a numpy integer: floats, bools and tensors are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise CheckFailure(f"{what} should be a whole number: return an int, but your function "
+                           f"returned {describe(value)}" + (f" ({value!r})" if isinstance(
+                               value, float) else ""))
+    return int(value)
+
+
+def _require_real(value: Any, what: str, case: Case) -> float:
+    """A real-valued answer is a Python float or a numpy floating: tensors are refused."""
+    if isinstance(value, bool) or not isinstance(value, (float, np.floating)):
+        extra = (" (a tensor: turn it into a Python number with .item())"
+                 if isinstance(value, torch.Tensor) else "")
+        raise CheckFailure(f"{what} should be a number: return a float, but your function "
+                           f"returned {describe(value)}{extra} (case '{case.name}')")
+    return float(value)
 
 # --------------------------------------------------------------------------------------------
 # Exercise 9.1: next_token_loss(logits, ids)
@@ -138,18 +169,21 @@ def _nucleus(logits: torch.Tensor, p: float | None, rule: str = "crossing") -> t
     cumulative = sorted_probs.cumsum(-1)
     if rule == "exclude_crossing":
         drop = cumulative > p  # also drops the token that makes the mass reach p
-        drop[:, 0] = False
+    elif rule == "keep_tie":
+        drop = cumulative - sorted_probs > p  # keeps a token whose mass before it equals p
     else:
         drop = cumulative - sorted_probs >= p
-        drop[:, 0] = False
+    drop[:, 0] = False
     return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
 def _probs_variant(logits, temperature, top_k, top_p, *, k_offset=0, p_rule="crossing",
-                   p_first=False, p_on_raw=False, renormalise=True) -> torch.Tensor:
+                   p_first=False, p_on_raw=False, renormalise=True, skip_k=False,
+                   skip_p=False) -> torch.Tensor:
     """The sampling distribution computed with one mistake (or none)."""
     scaled = logits / temperature
-    k = None if top_k is None else top_k + k_offset
+    k = None if top_k is None or skip_k else top_k + k_offset
+    top_p = None if skip_p else top_p
     if p_on_raw:  # top-p decided on the untempered distribution
         kept = _nucleus(_keep_top_k(logits, k), top_p, p_rule) > float("-inf")
         scaled = _keep_top_k(scaled, k).masked_fill(~kept, float("-inf"))
@@ -187,6 +221,11 @@ PROBS_MISTAKES = [
         "You multiplied the logits by the temperature: divide them, so that T < 1 sharpens "
         "the distribution and T > 1 flattens it",
     ),
+    Misconception(_with(skip_k=True), "Your distribution ignores top_k: keep only the top_k "
+                                      "largest logits and give every other token probability 0"),
+    Misconception(_with(skip_p=True), "Your distribution ignores top_p: after top-k, keep only "
+                                      "the smallest set of most likely tokens whose "
+                                      "probabilities add up to at least top_p"),
     Misconception(_with(k_offset=1), "Your top-k keeps k + 1 tokens: keep exactly the k "
                                      "largest logits (torch.topk(logits, k))"),
     Misconception(_with(k_offset=-1), "Your top-k keeps k - 1 tokens: keep the k largest "
@@ -197,6 +236,12 @@ PROBS_MISTAKES = [
         "adds up to less than p. Keep the smallest set of most likely tokens whose total is "
         "AT LEAST p: a token stays when the mass of the tokens ranked before it is still "
         "below p (cumsum minus the token's own probability < p)",
+    ),
+    Misconception(
+        _with(p_rule="keep_tie"),
+        "Your top-p keeps one token too many when the mass ranked before a token equals p "
+        "exactly: that set already adds up to p, so it is complete. Drop a token as soon as "
+        "the mass before it is >= p (not > p), as course_lib.generation does",
     ),
     Misconception(
         _with(p_rule="unsorted"),
@@ -227,6 +272,12 @@ PROBS_MISTAKES = [
 ]
 
 
+# probabilities (0.25, 0.5, 0.25) and (0.25, 0.25, 0.5), exact in float32: with top_p = 0.5
+# the mass before the second most likely token is exactly 0.5, so only the first is kept
+TIE_CASE = "a tie: probabilities 0.5, 0.25, 0.25 and top_p=0.5 (exactly 0.5 before the 2nd)"
+TIE_LOGITS = torch.tensor([[0.0, math.log(2.0), 0.0], [-math.log(2.0), -math.log(2.0), 0.0]])
+
+
 def _probs_cases() -> list[Case]:
     gen = torch.Generator().manual_seed(902)
 
@@ -247,7 +298,10 @@ def _probs_cases() -> list[Case]:
              temperature=1.5, top_k=6, top_p=0.6),
         case("top_p=1 (nothing removed)", rand(gen, 2, 6, scale=2.0), top_p=1.0),
         case("V=2, top_p=0.2", torch.tensor([[1.0, -1.0]]), top_p=0.2),
+        case(TIE_CASE, TIE_LOGITS.clone(), top_p=0.5),
+        case("top_k=4, temperature 0.5", rand(gen, 2, 8, scale=2.0), temperature=0.5, top_k=4),
     ]
+
 
 
 def check_next_token_probs(next_token_probs_fn: Callable) -> None:
@@ -258,12 +312,49 @@ def check_next_token_probs(next_token_probs_fn: Callable) -> None:
         next_token_probs_fn: the learner's function.
     """
 
-    def check_one(got: Any, case: Case) -> None:
-        expected = next_token_probs(case.args[0], **case.kwargs)
-        compare_tensors(got, expected, case, what="Your probabilities",
+    cases = _probs_cases()
+    results = [call_learner(next_token_probs_fn, case) for case in cases]
+    expected = [next_token_probs(case.args[0], **case.kwargs) for case in cases]
+    for got, want, case in zip(results, expected, cases, strict=True):
+        if not isinstance(got, torch.Tensor):  # a clear message about the type first
+            compare_tensors(got, want, case, what="Your probabilities")
+    wrong = [i for i, (got, want) in enumerate(zip(results, expected, strict=True))
+             if not _same(got, want)]
+    if wrong:
+        _diagnose_probs(results, expected, cases)
+        i = wrong[0]  # no single mistake explains every case: the first case's evidence
+        compare_tensors(results[i], expected[i], cases[i], what="Your probabilities",
                         misconceptions=PROBS_MISTAKES)
+    labels = "; ".join(case.name for case in cases)
+    print(f"\u2705 next_token_probs is correct on all {len(cases)} test cases ({labels})")
 
-    run_cases("next_token_probs", next_token_probs_fn, _probs_cases(), check_one)
+
+def _same(a: Any, b: torch.Tensor) -> bool:
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+            and bool(torch.allclose(a.double(), b.double(), atol=1e-5, rtol=1e-4)))
+
+
+def _probs_mistake_outputs(mistake: Misconception, cases: Sequence[Case]) -> list:
+    outputs = []
+    for case in cases:
+        try:
+            outputs.append(mistake.wrong(*case.args, **case.kwargs))
+        except Exception:  # this mistake cannot be computed for this case
+            outputs.append(None)
+    return outputs
+
+
+def _diagnose_probs(results: list, expected: list, cases: Sequence[Case]) -> None:
+    """Name the mistake that gives the learner's output on EVERY case (one case alone can
+    fit several: with temperature 1, skipping top-k looks like dividing by T afterwards)."""
+    for mistake in PROBS_MISTAKES:
+        outputs = _probs_mistake_outputs(mistake, cases)
+        fits = all(out is None or _same(got, out) for got, out in zip(results, outputs,
+                                                                      strict=True))
+        shown = [case.name for out, want, case in zip(outputs, expected, cases, strict=True)
+                 if out is not None and not _same(out, want)]
+        if fits and shown:
+            raise CheckFailure(f"{mistake.message} (seen on the case '{shown[0]}')")
 
 
 # --------------------------------------------------------------------------------------------
@@ -421,7 +512,7 @@ def check_greedy_decode(greedy_decode: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 9.4: alignment_score(weights, alignment)
+# Exercise 9.4: alignment_score(weights, alignment), a planted bug fixed
 
 
 def _hits(weights: torch.Tensor, alignment: torch.Tensor, peaks: torch.Tensor) -> torch.Tensor:
@@ -477,6 +568,12 @@ ALIGNMENT_MISTAKES = [
 ]
 
 
+PERFECT_HEAD = "a perfect head: the gold alignment itself as weights, with unscored positions"
+INSTRUMENT = ("The instrument that finds this: score a perfect head (the gold alignment as "
+              "one-hot weights, <eos> and padding included), which must get exactly 1.0, and "
+              "compare with course_lib.metrics.alignment_score on a few batches")
+
+
 def _alignment_cases() -> list[Case]:
     gen = torch.Generator().manual_seed(905)
 
@@ -494,7 +591,10 @@ def _alignment_cases() -> list[Case]:
     w3 = weights(2, 4, 5, sharp=0.5)  # flat attention: every peak is weak
     gold3 = w3.argmax(-1).clone()
     gold3[0, 0] = IGNORE_INDEX
+    perfect_gold = gold1.clone()
+    perfect = F.one_hot(perfect_gold.clamp_min(0), 6).float()  # the gold alignment as weights
     return [
+        Case(PERFECT_HEAD, (perfect, perfect_gold)),
         Case("batch (3, T=6, S=6) with unscored positions", (w1, gold1)),
         Case("one sentence (T=5, S=7), unbatched", (w2, gold2),
              hint="work with the last dimension (dim=-1) so that (T, S) and (B, T, S) both work"),
@@ -506,7 +606,7 @@ def _alignment_cases() -> list[Case]:
 def check_alignment_score(alignment_score_fn: Callable) -> None:
     """Check ``alignment_score(weights, alignment)`` -> a float: the share of the target
     positions with a gold source position (alignment != -100) whose largest attention weight
-    is on that position.
+    is on that position. Any correct fix of the planted bug passes; a tensor is refused.
 
     Args:
         alignment_score_fn: the learner's function of weights (..., T, S) and alignment (..., T).
@@ -514,25 +614,27 @@ def check_alignment_score(alignment_score_fn: Callable) -> None:
 
     def check_one(got: Any, case: Case) -> None:
         expected = alignment_score(*case.args)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = float(got)
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            raise CheckFailure(f"Your score should be a number (a float between 0 and 1), but "
-                               f"your function returned {describe(got)} (case '{case.name}')")
+        if isinstance(got, numbers.Integral) and not isinstance(got, bool):
+            _name_alignment_mistake(float(got), expected, case)  # e.g. the count of hits
+        got = _require_real(got, "Your score", case)
         if math.isclose(got, expected, abs_tol=1e-6):
             return
-        for m in ALIGNMENT_MISTAKES:
-            try:
-                wrong = m.wrong(*case.args)
-            except Exception:  # this mistake cannot be computed for this case: not it
-                continue
-            if math.isclose(got, wrong, abs_tol=1e-6) and not math.isclose(wrong, expected,
-                                                                           abs_tol=1e-6):
-                raise CheckFailure(f"{m.message} (seen on the case '{case.name}')")
-        raise CheckFailure(f"Your score is {got:.4f} but should be {expected:.4f} (case "
-                           f"'{case.name}')")
+        _name_alignment_mistake(got, expected, case)
+        raise CheckFailure(f"Your score is {got:.4f} but course_lib.metrics.alignment_score "
+                           f"gives {expected:.4f} (case '{case.name}'). {INSTRUMENT}")
 
     run_cases("alignment_score", alignment_score_fn, _alignment_cases(), check_one)
+
+
+def _name_alignment_mistake(got: float, expected: float, case: Case) -> None:
+    for m in ALIGNMENT_MISTAKES:
+        try:
+            wrong = m.wrong(*case.args)
+        except Exception:  # this mistake cannot be computed for this case: not it
+            continue
+        if math.isclose(got, wrong, abs_tol=1e-6) and not math.isclose(wrong, expected,
+                                                                       abs_tol=1e-6):
+            raise CheckFailure(f"{m.message} (seen on the case '{case.name}'). {INSTRUMENT}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -644,3 +746,64 @@ def check_attend_with_cache(attend_with_cache: Callable) -> None:
         compare_tensors(got_out, out, case, what="Your output", misconceptions=STEP_MISTAKES)
 
     run_cases("attend_with_cache", attend_with_cache, _step_cases(), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 9.6: predict the key/value cache's bytes per token
+
+CACHE_CONFIG = DecoderConfig(vocab_size=65, d_model=96, n_heads=6, n_layers=3, max_len=128)
+
+
+def _cache_mistakes(c: DecoderConfig) -> dict[int, str]:
+    d_head, n = c.d_model // c.n_heads, c.n_layers
+    return {
+        n * c.d_model * 4: "You counted the keys only (or the values only): the cache keeps both, "
+                           "one key and one value vector per token, per layer",
+        2 * c.d_model * 4: "You counted one layer: every self-attention layer keeps its own keys "
+                           "and values",
+        2 * n * c.d_model: "You counted numbers, not bytes: each float32 takes 4 bytes",
+        2 * n * d_head * 4: "You counted one head: a layer caches H heads of Dh numbers, "
+                            "H * Dh = d_model of them per key",
+        2 * n * c.d_model * c.n_heads * 4: "You multiplied by the number of heads twice: the "
+                                           "H heads of Dh numbers together are d_model numbers",
+        2 * n * c.d_model * 32: "You counted bits: a byte is 8 bits, a float32 4 bytes",
+    }
+
+
+def measure_cache_bytes_per_token(config: DecoderConfig = CACHE_CONFIG,
+                                  n_tokens: int = 16) -> int:
+    """Run a prompt through a DecoderLM with a KVCache and divide the bytes of every cached
+    key and value tensor by the number of tokens (batch 1)."""
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        model = DecoderLM(config).eval()
+    finally:
+        torch.random.set_rng_state(state)  # leave the learner's random stream alone
+    cache = KVCache()
+    with torch.no_grad():
+        model(torch.zeros(1, n_tokens, dtype=torch.long), past_key_values=cache)
+    total = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    return total // n_tokens
+
+
+def check_kv_cache_bytes(predict_bytes_per_token: Callable) -> None:
+    """Check ``predict_bytes_per_token()`` -> an int: the bytes the key/value cache of a
+    float32 ``DecoderLM(CACHE_CONFIG)`` grows by per token (batch 1); then show the
+    measurement.
+
+    Args:
+        predict_bytes_per_token: the learner's function, no arguments.
+    """
+    case = Case("DecoderConfig(d_model=96, n_heads=6, n_layers=3), float32, batch 1")
+    got = _require_count(call_learner(predict_bytes_per_token, case),
+                         "Your prediction (a number of bytes)")
+    measured = measure_cache_bytes_per_token()
+    c = CACHE_CONFIG
+    shown = (f"measured: {measured:,} bytes per token = {c.n_layers} layers x 2 (keys and "
+             f"values) x {c.n_heads} heads x {c.d_model // c.n_heads} numbers x 4 bytes")
+    if got != measured:
+        message = _cache_mistakes(c).get(got, "Count the tensors a layer caches for one token, "
+                                              "how many numbers each holds, and their size")
+        raise CheckFailure(f"Your prediction is {got:,} bytes per token. {message}.\n{shown}")
+    print(f"\u2705 your prediction, {got:,} bytes per token, is right; {shown}")

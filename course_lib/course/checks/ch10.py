@@ -1,6 +1,6 @@
 """Checks for chapter 10, the cost of attention: the online softmax, causal chunked attention,
-the sliding-window mask of a cached generation step, and the longest sequence whose score
-matrix fits in memory.
+the sliding-window mask of a cached generation step, the longest sequence whose score matrix
+fits in memory, and a chunked attention with a planted bug to find.
 
 The references are :mod:`course_lib.efficient` (:func:`~course_lib.efficient.online_softmax_stats`,
 :func:`~course_lib.efficient.chunked_attention`, :func:`~course_lib.efficient.sliding_window_mask`,
@@ -10,6 +10,7 @@ The references are :mod:`course_lib.efficient` (:func:`~course_lib.efficient.onl
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -99,6 +100,7 @@ SUM_MISTAKES = [
 
 
 LEADING_MASKED = "rows whose first blocks are all -inf (masked keys)"
+FULLY_MASKED = "a row whose scores are all -inf (every key masked)"
 
 
 def _softmax_stream_cases(seed: int) -> list[Case]:
@@ -112,6 +114,8 @@ def _softmax_stream_cases(seed: int) -> list[Case]:
     leading = rand(gen, 3, 9, scale=2.0)
     leading[0, :3] = -math.inf  # row 0: the first block is masked
     leading[1, :6] = -math.inf  # row 1: the first two blocks are masked
+    empty = rand(gen, 3, 8, scale=2.0)
+    empty[1] = -math.inf  # row 1 sees no key at all: max -inf and sum 0 by convention
     return [
         Case("one row in blocks of 3, 2, 4", (list(row.split([3, 2, 4])),)),
         Case("a maximum that grows with every block", (list(rising.split(3, dim=-1)),)),
@@ -121,6 +125,7 @@ def _softmax_stream_cases(seed: int) -> list[Case]:
         Case("scores around 1000 (exp overflows)", (list(huge.split([4, 6], dim=-1)),)),
         Case("a block whose scores are all -inf (masked keys)", (list(masked.split(2, dim=-1)),)),
         Case(LEADING_MASKED, (list(leading.split(3, dim=-1)),)),
+        Case(FULLY_MASKED, (list(empty.split(3, dim=-1)),)),
     ]
 
 
@@ -144,6 +149,7 @@ def check_online_softmax_stats(online_softmax_stats_fn: Callable) -> None:
         row_max, row_sum = got
         _squeezed(row_max, expected_max, case, "row_max")
         _squeezed(row_sum, expected_sum, case, "row_sum")
+        _fully_masked_max(row_max, expected_max, case)
         compare_tensors(row_max, expected_max, case, what="Your row_max", misconceptions=[
             Misconception(lambda blocks: blocks[-1].amax(-1),
                           "Your row_max is the maximum of the last block only: keep the "
@@ -154,7 +160,7 @@ def check_online_softmax_stats(online_softmax_stats_fn: Callable) -> None:
         ])
         if isinstance(row_sum, torch.Tensor) and not torch.isfinite(row_sum).all() and bool(
                 torch.isfinite(expected_sum).all()):
-            if case.name == LEADING_MASKED:
+            if case.name in (LEADING_MASKED, FULLY_MASKED):
                 raise CheckFailure(
                     f"Your row_sum is NaN (or inf) for a row whose first block is all -inf "
                     f"(case '{case.name}'). After that block the row's maximum is still -inf, "
@@ -162,7 +168,8 @@ def check_online_softmax_stats(online_softmax_stats_fn: Callable) -> None:
                     "score there is nothing to rescale: shift such rows by 0 instead of by "
                     "their maximum, so that exp(-inf) = 0 and the row's sum stays 0"
                 )
-            if max(float(b[torch.isfinite(b)].abs().max()) for b in blocks) > 80:
+            finite = [b[torch.isfinite(b)].abs() for b in blocks]
+            if max((float(f.max()) for f in finite if f.numel()), default=0.0) > 80:
                 raise CheckFailure(
                     f"Your row_sum contains inf or NaN (case '{case.name}'): exp of a score "
                     "near 1000 overflows. Subtract the running maximum before exp, "
@@ -179,6 +186,27 @@ def check_online_softmax_stats(online_softmax_stats_fn: Callable) -> None:
 
     run_cases("online_softmax_stats", online_softmax_stats_fn, _softmax_stream_cases(seed=10),
               check_one)
+
+
+def _fully_masked_max(row_max: Any, expected_max: torch.Tensor, case: Case) -> None:
+    """A finite maximum for a row that saw only -inf: the running maximum started elsewhere."""
+    if not isinstance(row_max, torch.Tensor) or row_max.shape != expected_max.shape:
+        return
+    got = row_max.detach().cpu()[torch.isneginf(expected_max)]
+    if not torch.isfinite(got).any():
+        return
+    value = float(got[torch.isfinite(got)][0])
+    start = ("torch.finfo(dtype).min" if value in (torch.finfo(torch.float32).min,
+                                                    torch.finfo(torch.float64).min)
+             else f"{value:.3g}")
+    raise CheckFailure(
+        f"Your row_max is {value:.3g} for a row whose scores are all -inf (case "
+        f"'{case.name}'): your running maximum seems to start at {start}, not -inf. A row that "
+        "has seen no allowed key has no finite maximum; course_lib's convention for it is "
+        "row_max = -inf and row_sum = 0 (so m + log(l) is -inf, the log of an empty sum). "
+        "Start the running maximum at float('-inf'), and shift rows whose maximum is still "
+        "-inf by 0 so that no NaN appears"
+    )
 
 
 def _squeezed(got: Any, expected: torch.Tensor, case: Case, what: str) -> None:
@@ -341,7 +369,8 @@ def _chunked_cases(seed: int) -> list[Case]:
              hint="the batch and head dimensions come first: transpose only the last two "
                   "dimensions of k, and slice the keys along dim=-2"),
         Case("blocks of one key", (*qkv(6, 4), 1)),
-        Case("one block holds every key", (*qkv(6, 4), 8)),
+        Case("block_size 8 > n = 6: one block holds every key, its (n, n) scores allowed",
+             (*qkv(6, 4), 8)),
         Case("large scores (exp overflows without the max)", (*qkv(12, 8, scale=8.0), 4)),
         Case("n=10, blocks of 3, values of width 5", (*qkv(10, 4, dv=5), 3)),
         Case("n=1", (*qkv(1, 8), 3)),
@@ -349,6 +378,7 @@ def _chunked_cases(seed: int) -> list[Case]:
 
 
 def _check_no_full_matrix(fn: Callable, case: Case) -> None:
+    """With block_size < n, no (n, n) tensor and no PyTorch attention: only block-sized tiles."""
     q, k, v, block_size = case.args
     n = q.shape[-2]
     if block_size >= n or n < 4:
@@ -369,9 +399,10 @@ def _check_no_full_matrix(fn: Callable, case: Case) -> None:
                     else "the whole score matrix")
             raise CheckFailure(
                 f"Your output is right, but your function built a tensor of shape {shape}: "
-                f"{what}, which chunked attention must never hold (case '{case.name}'). "
-                "Work one block at a time: the scores q @ k_block^T, and a mask built from "
-                "the positions of that block's keys only"
+                f"{what}, which chunked attention must never hold when block_size ({block_size}) "
+                f"< n ({n}) (case '{case.name}'). Work one block at a time: the scores "
+                "q @ k_block^T, at most (..., n, block_size), and a mask built from the "
+                "positions of that block's keys only"
             )
 
 
@@ -391,7 +422,8 @@ def _strict_mask_rows_match(got: Any, case: Case) -> bool:
 def check_causal_chunked_attention(causal_chunked_attention_fn: Callable) -> None:
     """Check ``causal_chunked_attention(q, k, v, block_size)`` -> out (..., n, Dv): causal
     self-attention (query t sees keys s <= t) computed over blocks of ``block_size`` keys with
-    the online softmax, never holding an (n, n) tensor.
+    the online softmax, holding one block's scores (..., n, block_size) at a time: never an
+    (n, n) tensor when block_size < n (when one block holds every key, its scores are (n, n)).
 
     Args:
         causal_chunked_attention_fn: the learner's function.
@@ -547,10 +579,24 @@ LONGEST_MISTAKES = [
 ]
 
 
+def _whole_number(got: Any, case: Case) -> int:
+    """One rule for counts: Python and numpy integers pass; floats, tensors, bools do not."""
+    if isinstance(got, numbers.Integral) and not isinstance(got, bool):
+        return int(got)
+    shown = f"{describe(got)} ({got!r})" if isinstance(got, float) else describe(got)
+    fix = {float: " (int(...) rounds towards zero; math.isqrt works on ints)",
+           torch.Tensor: " (a tensor's .item() gives a Python number)"}
+    extra = next((text for kind, text in fix.items() if isinstance(got, kind)), "")
+    raise CheckFailure(
+        f"longest_sequence should return an int (a whole number of tokens), but returned "
+        f"{shown} (case '{case.name}'): return an int, a Python or numpy integer{extra}"
+    )
+
+
 def check_longest_sequence(longest_sequence_fn: Callable) -> None:
-    """Check ``longest_sequence(budget_bytes, batch, heads, dtype)`` -> int: the largest n
-    such that one (batch, heads, n, n) score tensor of ``dtype`` takes at most
-    ``budget_bytes`` bytes.
+    """Check ``longest_sequence(budget_bytes, batch, heads, dtype)`` -> int (a Python or numpy
+    integer): the largest n such that one (batch, heads, n, n) score tensor of ``dtype`` takes
+    at most ``budget_bytes`` bytes.
 
     Args:
         longest_sequence_fn: the learner's function.
@@ -561,16 +607,7 @@ def check_longest_sequence(longest_sequence_fn: Callable) -> None:
         expected = _longest(budget, batch, heads, dtype)
         assert (score_matrix_bytes(batch, heads, expected, dtype=dtype) <= budget
                 < score_matrix_bytes(batch, heads, expected + 1, dtype=dtype))
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, float) and got.is_integer():
-            got = int(got)
-        if isinstance(got, bool) or not isinstance(got, int):
-            raise CheckFailure(
-                f"longest_sequence should return an int (a whole number of tokens), but "
-                f"returned {describe(got) if not isinstance(got, float) else got} "
-                f"(case '{case.name}')"
-            )
+        got = _whole_number(got, case)
         if got == expected:
             return
         for wrong, message in LONGEST_MISTAKES:
@@ -596,3 +633,86 @@ def check_longest_sequence(longest_sequence_fn: Callable) -> None:
         Case("4 bytes: one float32 score", (4, 1, 1, torch.float32)),
     ]
     run_cases("longest_sequence", longest_sequence_fn, cases, check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 10.5: find the bug in a chunked attention
+
+
+def buggy_chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            block_size: int) -> torch.Tensor:
+    """The exercise's function, planted bug included: the running sum is never rescaled."""
+    return _chunked_wrong(q, k, v, block_size, rescale_sum=False).to(q.dtype)
+
+
+INSTRUMENT = (
+    "The instrument that finds this: equality with the reference (course_lib's "
+    "chunked_attention, or F.scaled_dot_product_attention) on several inputs, some with "
+    "several blocks whose maximum grows; with one block holding every key the buggy "
+    "version is right too, which tells you the bug lives in what happens between blocks"
+)
+
+FIX_MISTAKES = [
+    Misconception(
+        buggy_chunked_attention,
+        "Your output is still the given function's output: the planted bug is still there",
+    ),
+    Misconception(
+        lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, rescale_sum=False,
+                                                   rescale_out=False),
+        "Your output matches a loop in which neither the running sum nor the running output is "
+        "rescaled when the maximum grows: both were accumulated against the old maximum",
+    ),
+    Misconception(
+        lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, rescale_out=False),
+        "Your output matches a loop that rescales the running sum but not the running output: "
+        "the bug has moved rather than gone",
+    ),
+    Misconception(
+        lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, divide=False),
+        "Your output is the running output without the final division by the running sum",
+    ),
+]
+
+
+def _fix_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    rising = torch.linspace(0.2, 3.0, 12)[:, None]  # later keys score higher: the max grows
+
+    def qkv(*shape, dv=None, scale=1.0):
+        *lead, n, d = shape
+        return (rand(gen, *lead, n, d, scale=scale), rand(gen, *lead, n, d, scale=scale),
+                rand(gen, *lead, n, dv or d))
+
+    q, k, v = qkv(12, 8)
+    return [
+        Case("n=12, blocks of 4, a maximum that grows from block to block",
+             (q.abs(), k.abs() * rising, v, 4)),
+        Case("n=13, blocks of 5 (the last block is shorter)", (*qkv(13, 8, dv=6), 5)),
+        Case("batch and heads (2, 3, 9, 8), blocks of 2", (*qkv(2, 3, 9, 8), 2)),
+        Case("blocks of one key", (*qkv(6, 4), 1)),
+        Case("block_size 8 > n = 6: one block holds every key", (*qkv(6, 4), 8)),
+        Case("large scores (exp overflows without the max)", (*qkv(12, 8, scale=8.0), 4)),
+    ]
+
+
+def check_fixed_chunked_attention(fixed_chunked_attention_fn: Callable) -> None:
+    """Check ``fixed_chunked_attention(q, k, v, block_size)`` -> out (..., n, Dv): the given
+    key-blocked attention with its one bug fixed, equal to exact (non-causal) attention, still
+    one block of keys at a time.
+
+    Args:
+        fixed_chunked_attention_fn: the learner's function.
+    """
+
+    def check_one(got, case: Case) -> None:
+        q, k, v, block_size = case.args
+        expected = chunked_attention(q, k, v, block_size=block_size)
+        try:
+            compare_tensors(got, expected, case, what="Your output", misconceptions=FIX_MISTAKES)
+        except CheckFailure as failure:
+            raise CheckFailure(f"{failure}. {INSTRUMENT}") from None
+        _check_no_full_matrix(fixed_chunked_attention_fn, case)
+
+    run_cases("fixed_chunked_attention", fixed_chunked_attention_fn, _fix_cases(seed=105),
+              check_one)
