@@ -18,15 +18,19 @@ from course_lib.course.checks.ch07 import (
     check_dropout,
     check_layer_grad_norms,
     check_layer_norm,
+    check_lr_at,
     check_pre_norm_block,
     check_residual_stack,
     check_rms_norm,
     check_scaled_init,
+    check_warmup,
+    check_warmup_sweep,
 )
 from course_lib.course.probes import layer_grad_norms as library_layer_grad_norms
 
 ALL_CHECKS = [check_layer_norm, check_rms_norm, check_residual_stack, check_layer_grad_norms,
-              check_dropout, check_pre_norm_block, check_scaled_init]
+              check_dropout, check_pre_norm_block, check_scaled_init, check_lr_at,
+              check_warmup_sweep]
 
 
 @pytest.mark.parametrize("check", ALL_CHECKS)
@@ -835,3 +839,133 @@ def test_scaled_init_rejects_wrong_experiments(name):
     fn, message = WRONG_EXPERIMENTS[name]
     with pytest.raises(CheckFailure, match=message):
         check_scaled_init(fn)
+
+
+# ------------------------------------------------------------------------- 7.7 lr_at, warm-up
+
+
+def lr_at(step, peak, warmup_steps):
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    return peak
+
+
+def lr_at_min(step, peak, warmup_steps):
+    return peak * min(1.0, (step + 1) / max(warmup_steps, 1))
+
+
+def lr_at_tensor(step, peak, warmup_steps):
+    fraction = torch.tensor((step + 1) / warmup_steps if warmup_steps else 1.0)
+    return peak * fraction.clamp(max=1.0)
+
+
+@pytest.mark.parametrize("fn", [lr_at, lr_at_min, lr_at_tensor])
+def test_lr_at_accepts_correct_schedules(fn, capsys):
+    check_lr_at(fn)
+    assert "\u2705" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, match", [
+    (lambda step, peak, w: peak * min(1.0, step / w) if w else peak, "update 0 is 0"),
+    (lambda step, peak, w: peak * min(1, (step + 1) // w) if w else peak, "update 0 is 0"),
+    (lambda step, peak, w: peak, "starts at the peak"),
+    (lambda step, peak, w: peak * min(1.0, (step + 1) / (w + 1)) if step < w else peak,
+     "one update late"),
+    (lambda step, peak, w: peak * min(step + 1, w) / (w + 1), "never reaches the peak"),
+    (lambda step, peak, w: peak * (step + 1) / w if w else peak, "overshoots the peak"),
+    (lambda step, peak, w: lr_at(step, peak, w) * (0.5 + 0.5 * math.cos(
+        math.pi * min(1.0, max(0, step - w) / 100))), "stays constant at the peak"),
+    (lambda step, peak, w: peak * (1 - step / w) if step < w else peak, "starts at the peak"),
+    (lambda step, peak, w: peak * min(1.0, (step + 1) / w), "nothing to divide by"),
+])
+def test_lr_at_names_each_mistake(fn, match):
+    with pytest.raises(CheckFailure, match=match):
+        check_lr_at(fn)
+
+
+def sweep(make_model, train_run, peak, warmups):
+    curves = {}
+    for w in warmups:
+        model = make_model()
+        curves[w] = train_run(model, lambda step: lr_at(step, peak, w))  # noqa: B023
+    return curves
+
+
+def sweep_partial_tensors(make_model, train_run, peak, warmups):
+    def run(w):
+        schedule = functools.partial(lr_at_min, peak=peak, warmup_steps=w)
+        return torch.tensor(train_run(make_model(), schedule))
+
+    return {w: run(w) for w in reversed(warmups)}
+
+
+@pytest.mark.parametrize("fn", [sweep, sweep_partial_tensors])
+def test_warmup_sweep_accepts_correct_sweeps(fn, capsys):
+    check_warmup_sweep(fn)
+    out = capsys.readouterr().out
+    assert "\u2705" in out and "no warm-up stalls" in out
+
+
+def sweep_one_model(make_model, train_run, peak, warmups):
+    model = make_model()
+    return {w: train_run(model, lambda step: lr_at(step, peak, w))  # noqa: B023
+            for w in warmups}
+
+
+def sweep_late_binding(make_model, train_run, peak, warmups):
+    schedules = {w: (lambda step: lr_at(step, peak, w)) for w in warmups}  # noqa: B023
+    return {w: train_run(make_model(), schedules[w]) for w in warmups}
+
+
+def sweep_swapped(make_model, train_run, peak, warmups):
+    return {w: train_run(make_model(), lambda step: lr_at(step, w, peak))  # noqa: B023
+            for w in warmups}
+
+
+def sweep_final_numbers(make_model, train_run, peak, warmups):
+    return {w: sweep(make_model, train_run, peak, [w])[w][-1] for w in warmups}
+
+
+def sweep_short(make_model, train_run, peak, warmups):
+    return {w: train_run(make_model(), lambda step: lr_at(step, peak, w), 20)  # noqa: B023
+            for w in warmups}
+
+
+@pytest.mark.parametrize("fn, match", [
+    (sweep_one_model, "same model object"),
+    (sweep_late_binding, "loop variable's last value"),
+    (sweep_swapped, "not lr_at\\(step, peak, w\\)"),
+    (sweep_short, "keep train_run's default"),
+])
+def test_warmup_sweep_names_each_mistake(fn, match):
+    with pytest.raises(CheckFailure, match=match):
+        check_warmup_sweep(fn)
+
+
+def test_warmup_sweep_wants_the_whole_curves():
+    with pytest.raises(CheckFailure, match="whole list of losses"):
+        check_warmup_sweep(sweep_final_numbers)
+
+
+def test_warmup_sweep_rejects_curves_under_the_wrong_key():
+    def swapped_keys(make_model, train_run, peak, warmups):
+        curves = sweep(make_model, train_run, peak, warmups)
+        return dict(zip(warmups, reversed(list(curves.values())), strict=True))
+
+    with pytest.raises(CheckFailure, match="under its own warm-up"):
+        check_warmup_sweep(swapped_keys)
+
+
+def test_check_warmup_grades_the_schedule_then_the_sweep(capsys):
+    check_warmup(lr_at, sweep)
+    out = capsys.readouterr().out
+    assert out.count("\u2705") == 2
+
+
+def test_check_warmup_stops_at_an_unsolved_or_wrong_schedule():
+    with pytest.raises(NotImplementedError, match="Exercise: write the body"):
+        check_warmup(stub, sweep)
+    with pytest.raises(NotImplementedError, match="Exercise: write the body"):
+        check_warmup(lr_at, stub)
+    with pytest.raises(CheckFailure, match="starts at the peak"):
+        check_warmup(lambda step, peak, w: peak, stub)  # fails before the sweep is called

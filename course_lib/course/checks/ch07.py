@@ -3,7 +3,9 @@
 (pre-norm with its final norm, or post-norm), a pre-norm block with a planted bug graded by
 equality with course_lib's block (and located by ``first_divergence``), the per-layer gradient
 norms of a stack, inverted dropout with its train/eval switch and its independent draws, and
-the 1/sqrt(2N) initialisation as an experiment graded by the properties of its measurements."""
+the 1/sqrt(2N) initialisation as an experiment graded by the properties of its measurements,
+and learning-rate warm-up: the schedule, then a sweep over warm-up lengths graded by what it
+measured (no warm-up stalls at a high peak, a long enough warm-up trains)."""
 
 from __future__ import annotations
 
@@ -18,9 +20,12 @@ import torch
 from torch import nn
 
 from course_lib.blocks import EncoderBlock
+from course_lib.configs import DecoderConfig
 from course_lib.course.divergence import first_divergence
 from course_lib.course.probes import layer_grad_norms as reference_layer_grad_norms
+from course_lib.device import num_threads
 from course_lib.layers import layer_norm, rms_norm
+from course_lib.models import DecoderLM
 
 from ._core import (
     Case,
@@ -1064,3 +1069,278 @@ def check_scaled_init(stream_std_after: Callable) -> None:
     print(f"{'blocks N':>8} {'std 0.02':>9} {'0.02 / sqrt(2N)':>16}")
     for n, u, s in zip(SWEEP, unscaled, scaled, strict=True):
         print(f"{n:>8} {u:9.3f} {s:16.3f}")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.7 (experiment): learning-rate warm-up, the schedule and a sweep over its length
+
+WARMUP_VOCAB = 16  # tokens of the toy task
+WARMUP_STEPS = 80  # updates of one run
+WARMUP_PEAK = 2.5e-2  # a peak learning rate high enough that no warm-up stalls the model
+WARMUP_SWEEP = (0, 5, 20, 50)
+
+
+def warmup_model() -> DecoderLM:
+    """The experiment's model: a post-norm DecoderLM of 6 blocks (d_model 32, 4 heads, context
+    16, vocabulary 16), seeded, so every call returns the same initial weights."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return DecoderLM(DecoderConfig(vocab_size=WARMUP_VOCAB, d_model=32, n_heads=4,
+                                       n_layers=6, max_len=16, norm_first=False))
+
+
+def train_with_schedule(model: nn.Module, schedule: Callable[[int], float],
+                        steps: int = WARMUP_STEPS) -> list[float]:
+    """Train ``model`` on the toy task (random tokens; at every position, predict the previous
+    token, position 0 its own) with Adam (betas 0.9, 0.98), no clipping, the learning rate of
+    update ``step`` (0, 1, ..., steps - 1) being ``schedule(step)``. The batches (16 x 16) are
+    the same in every call. Returns the training loss of every update, measured before it."""
+    gen = torch.Generator().manual_seed(1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98))
+    losses = []
+    model.train()
+    with num_threads(1):  # tiny matrices: one thread is as fast and gives the same numbers
+        for step in range(steps):
+            ids = torch.randint(0, WARMUP_VOCAB, (16, 16), generator=gen)  # (B, T)
+            targets = torch.cat([ids[:, :1], ids[:, :-1]], dim=1)  # (B, T), the previous token
+            for group in optimizer.param_groups:
+                group["lr"] = float(schedule(step))
+            loss = model(ids, targets=targets).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+def reference_lr_at(step: int, peak: float, warmup_steps: int) -> float:
+    """Linear warm-up over ``warmup_steps`` updates (update warmup_steps - 1 is the first at the
+    peak, as in course_lib's ``train``), then constant."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    return peak
+
+
+def _lr_value(lr_at: Callable, step: int, peak: float, warmup: int) -> float:
+    hint = ("warmup_steps=0 means no warm-up: the peak from update 0 on (so nothing to divide "
+            "by)" if warmup == 0 else "")
+    case = Case(f"step={step}, peak={peak}, warmup_steps={warmup}", (step, peak, warmup),
+                hint=hint)
+    got = call_learner(lr_at, case)
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise CheckFailure(f"lr_at should return one number (a float), but returned "
+                           f"{describe(got)} (case '{case.name}')")
+    return float(got)
+
+
+def _close_lr(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+
+
+def _judge_schedule(lr_at: Callable, peak: float, warmup: int) -> None:
+    last = max(warmup + 12, 30)
+    got = [_lr_value(lr_at, step, peak, warmup) for step in range(last)]
+    want = [reference_lr_at(step, peak, warmup) for step in range(last)]
+    if all(_close_lr(g, w) for g, w in zip(got, want, strict=True)):
+        return
+    where = f"(peak={peak}, warmup_steps={warmup})"
+    if warmup == 0:
+        raise CheckFailure(f"With warmup_steps=0 there is no warm-up: every update uses the "
+                           f"peak, but your lr at update 0 is {got[0]:.4g} {where}")
+    if warmup > 1 and _close_lr(got[0], peak):
+        raise CheckFailure(f"Your schedule starts at the peak ({got[0]:.4g} at update 0) "
+                           f"{where}: that is no warm-up. Update 0 should use peak / "
+                           "warmup_steps, and the learning rate rise linearly from there")
+    if got[0] == 0:
+        raise CheckFailure(f"Your learning rate at update 0 is 0 {where}: the first update "
+                           "does nothing (an off-by-one, or an integer division). Update 0 "
+                           f"should use peak / warmup_steps = {want[0]:.4g}: count it as the "
+                           "first of the warm-up's updates, (step + 1)")
+    rising = got[:warmup]
+    if any(b < a for a, b in zip(rising, rising[1:], strict=False)):
+        raise CheckFailure(f"Your learning rate decreases during the warm-up {where}: it "
+                           "should rise linearly from peak / warmup_steps to the peak")
+    if any(g > peak * (1 + 1e-6) for g in got):
+        step = next(i for i, g in enumerate(got) if g > peak * (1 + 1e-6))
+        raise CheckFailure(f"Your learning rate overshoots the peak: {got[step]:.4g} at update "
+                           f"{step} {where}. After the warm-up it stays at the peak")
+    after = got[warmup:]
+    if not all(_close_lr(g, peak) for g in after):
+        if all(g < peak * (1 - 1e-6) for g in got):
+            raise CheckFailure(f"Your schedule never reaches the peak {where}: its largest "
+                               f"value is {max(got):.4g}. Update warmup_steps - 1 should be "
+                               "the first at the peak, and every later one stays there")
+        step = next(i for i, g in enumerate(after) if not _close_lr(g, peak)) + warmup
+        raise CheckFailure(f"After the warm-up your learning rate changes ({got[step]:.4g} at "
+                           f"update {step}) {where}: in this exercise it stays constant at the "
+                           "peak (no decay)")
+    if not _close_lr(got[warmup - 1], peak):
+        raise CheckFailure(f"Your warm-up reaches the peak one update late {where}: update "
+                           f"{warmup - 1} has {got[warmup - 1]:.4g}, not the peak. The warm-up "
+                           "has warmup_steps updates, 0 to warmup_steps - 1, the last of them "
+                           "at the peak: peak * (step + 1) / warmup_steps")
+    step = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if not _close_lr(g, w))
+    raise CheckFailure(f"Your learning rate at update {step} is {got[step]:.4g}, expected "
+                       f"{want[step]:.4g} {where}. During the warm-up, update step uses "
+                       "peak * (step + 1) / warmup_steps")
+
+
+def check_lr_at(lr_at: Callable) -> None:
+    """Check ``lr_at(step, peak, warmup_steps)`` -> float: a linear warm-up, update ``step``
+    (0-based) using ``peak * (step + 1) / warmup_steps`` while ``step < warmup_steps``, then the
+    constant peak; ``warmup_steps=0`` is no warm-up.
+
+    Args:
+        lr_at: the learner's function.
+    """
+    settings = [(1e-3, 10), (2.5e-2, 4), (0.5, 1), (3e-4, 0), (1.0, 50), (6e-4, 3)]
+    for peak, warmup in settings:
+        _judge_schedule(lr_at, peak, warmup)
+    print(f"\u2705 lr_at matches the schedule on {len(settings)} settings (warm-ups of 0 to 50 "
+          "updates, every update from 0 to well after the warm-up)")
+    print(f"peak {WARMUP_PEAK}, warm-up 5: " + ", ".join(
+        f"{_lr_value(lr_at, step, WARMUP_PEAK, 5):.3g}" for step in range(7)))
+
+
+class _Recorder:
+    """Wraps make_model and train_run to see what the learner's sweep does, and stops it at
+    the first run that cannot give a fair comparison (before it trains)."""
+
+    def __init__(self, peak: float, warmups: tuple[int, ...]) -> None:
+        self.peak, self.warmups = peak, warmups
+        self.model_ids: set[int] = set()
+        self.used: list[int] = []  # the warm-up of every run so far
+        self.losses: list[list[float]] = []
+
+    def make_model(self) -> DecoderLM:
+        return warmup_model()
+
+    def _warmup_of(self, schedule: Callable[[int], float], steps: int) -> int:
+        lrs = [float(schedule(step)) for step in range(steps)]
+        for w in self.warmups:
+            if all(_close_lr(lr, reference_lr_at(s, self.peak, w)) for s, lr in enumerate(lrs)):
+                return w
+        raise CheckFailure(f"A run's learning rates ({', '.join(f'{v:.3g}' for v in lrs[:4])}"
+                           f", ...) are not lr_at(step, peak, w) for any warm-up w of the sweep "
+                           f"(peak={self.peak}, warmups={list(self.warmups)}). Give train_run a "
+                           "function of the update alone, step -> lr_at(step, peak, w), with "
+                           "this run's w")
+
+    def train_run(self, model: nn.Module, schedule: Callable[[int], float],
+                  steps: int = WARMUP_STEPS) -> list[float]:
+        if not isinstance(model, nn.Module):
+            raise CheckFailure(f"train_run's first argument should be a model from "
+                               f"make_model(), but it got {describe(model)}")
+        if steps != WARMUP_STEPS:
+            raise CheckFailure(f"Your sweep trains for {steps} updates: keep train_run's "
+                               f"default, {WARMUP_STEPS}, the length the experiment is built for")
+        if id(model) in self.model_ids:
+            raise CheckFailure("Your sweep trained the same model object in a second run: it "
+                               "would start from weights that the first run had already "
+                               "trained (or broken), so the comparison is not fair. Build a "
+                               "fresh model with make_model() for every run")
+        self.model_ids.add(id(model))
+        warmup = self._warmup_of(schedule, steps)
+        if warmup in self.used:
+            raise CheckFailure(f"Two of your runs used the same schedule (warm-up {warmup}). "
+                               "If you built the schedules with lambda in a loop and called "
+                               "them later, they all see the loop variable's last value: create "
+                               "each run's schedule and train it in the same iteration")
+        self.used.append(warmup)
+        losses = train_with_schedule(model, schedule, steps)
+        self.losses.append(losses)
+        return list(losses)
+
+
+def _curve(value: Any, warmup: int) -> list[float]:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise CheckFailure(f"Your sweep returned one number for warm-up {warmup}: return the "
+                           "whole list of losses that train_run returns, one per update")
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise CheckFailure(f"For warm-up {warmup} your sweep returned {describe(value)}: "
+                           "return the list of losses that train_run returns")
+    return [float(v) for v in value]
+
+
+def _judge_warmup(curves: dict[int, list[float]], warmups: tuple[int, ...]) -> dict[int, float]:
+    firsts = {w: curves[w][0] for w in warmups}
+    if max(firsts.values()) - min(firsts.values()) > 1e-5:
+        raise CheckFailure("Your runs do not start from the same loss "
+                           f"({', '.join(f'{v:.3f}' for v in firsts.values())}): each run must "
+                           "start from the same initial model, make_model(), untouched")
+    final = {w: sum(c[-10:]) / 10 for w, c in curves.items()}  # mean of the last 10 updates
+    chance = math.log(WARMUP_VOCAB)
+    best = min(final.values())
+    if best > chance - 1:
+        raise CheckFailure(f"None of your runs learned the task (best final loss {best:.2f}, "
+                           f"guessing gives ln {WARMUP_VOCAB} = {chance:.2f}): train each run "
+                           "for train_run's full 80 updates")
+    if final[0] < best + 1:
+        raise CheckFailure(f"Without warm-up your run ends at {final[0]:.2f}, close to the best "
+                           f"({best:.2f}): at this peak it should stall. Is your run without "
+                           "warm-up really at the peak from update 0?")
+    return final
+
+
+def check_warmup_sweep(warmup_sweep: Callable) -> None:
+    """Check the experiment ``warmup_sweep(make_model, train_run, peak, warmups)`` -> dict
+    warm-up -> list of losses. The check runs it with ``warmup_model`` and
+    ``train_with_schedule`` at a high peak, then grades what the sweep did (a fresh model and
+    the right schedule for every run) and what it measured (no warm-up stalls, a long enough
+    warm-up trains), not exact numbers; then it prints the final losses.
+
+    Args:
+        warmup_sweep: the learner's function.
+    """
+    rec = _Recorder(WARMUP_PEAK, WARMUP_SWEEP)
+
+    def make_model() -> DecoderLM:  # plain functions: the check's copy of the inputs keeps them
+        return rec.make_model()
+
+    def train_run(model: nn.Module, schedule: Callable[[int], float],
+                  steps: int = WARMUP_STEPS) -> list[float]:
+        return rec.train_run(model, schedule, steps)
+
+    case = Case(f"peak={WARMUP_PEAK}, warmups={WARMUP_SWEEP}",
+                (make_model, train_run, WARMUP_PEAK, WARMUP_SWEEP))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        got = call_learner(warmup_sweep, case)
+    if not isinstance(got, dict):
+        raise CheckFailure(f"warmup_sweep should return a dict warm-up -> losses, but returned "
+                           f"{describe(got)}")
+    if sorted(got) != sorted(WARMUP_SWEEP):
+        raise CheckFailure(f"Your dict's keys are {sorted(got)}: one entry for each warm-up "
+                           f"of the sweep, {list(WARMUP_SWEEP)}")
+    if sorted(rec.used) != sorted(WARMUP_SWEEP):
+        raise CheckFailure(f"Your sweep trained {len(rec.used)} runs (warm-ups {rec.used}): "
+                           f"one run for each warm-up of {list(WARMUP_SWEEP)}")
+    curves = {w: _curve(got[w], w) for w in WARMUP_SWEEP}
+    for w in WARMUP_SWEEP:
+        if curves[w] != rec.losses[rec.used.index(w)]:
+            raise CheckFailure(f"Your dict's entry for warm-up {w} is not the list of losses "
+                               "that the run with that warm-up returned: store each run's "
+                               "losses under its own warm-up")
+    final = _judge_warmup(curves, WARMUP_SWEEP)
+    print(f"\u2705 at peak {WARMUP_PEAK}, no warm-up stalls ({final[0]:.2f}, guessing gives "
+          f"{math.log(WARMUP_VOCAB):.2f}) and a warm-up fixes it (best {min(final.values()):.2f})")
+    print(f"{'warm-up':>7} {'lr at update 0':>15} {'loss, last 10 updates':>22}")
+    for w in WARMUP_SWEEP:
+        print(f"{w:>7} {reference_lr_at(0, WARMUP_PEAK, w):15.2e} {final[w]:22.2f}")
+
+
+def check_warmup(lr_at: Callable, warmup_sweep: Callable) -> None:
+    """Check exercise 7.7: first the schedule ``lr_at`` (:func:`check_lr_at`), then the sweep
+    ``warmup_sweep`` (:func:`check_warmup_sweep`), which the learner builds on it.
+
+    Args:
+        lr_at: the learner's schedule.
+        warmup_sweep: the learner's sweep.
+    """
+    check_lr_at(lr_at)
+    check_warmup_sweep(warmup_sweep)
