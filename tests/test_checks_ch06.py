@@ -833,3 +833,12 @@ def test_the_measurement_agrees_with_the_prediction():
     var_4, entropy_4 = measured_score_stats(4.0)
     assert abs(var_8 - 0.25) < 0.02 and abs(var_4 - 1.0) < 0.05
     assert entropy_4 < entropy_8 < math.log(64)
+
+
+def test_fixed_attention_that_cannot_be_built_is_named():
+    class Broken(nn.Module):
+        def __init__(self, d_model, n_heads):
+            raise ValueError("boom")
+
+    with pytest.raises(CheckFailure, match="Broken raised ValueError on the case 'building"):
+        check_fixed_attention(Broken)

@@ -969,3 +969,12 @@ def test_check_warmup_stops_at_an_unsolved_or_wrong_schedule():
         check_warmup(lr_at, stub)
     with pytest.raises(CheckFailure, match="starts at the peak"):
         check_warmup(lambda step, peak, w: peak, stub)  # fails before the sweep is called
+
+
+def test_pre_norm_block_that_cannot_be_built_names_the_fix():
+    class Broken(nn.Module):
+        def __init__(self, d_model, n_heads):
+            raise ValueError("boom")
+
+    with pytest.raises(CheckFailure, match="(?s)raised ValueError.*keep the buggy block's __init__"):
+        check_pre_norm_block(Broken)

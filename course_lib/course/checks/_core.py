@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import inspect
 import numbers
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +139,17 @@ def call_learner(fn: Callable, case: Case, *, fn_name: str | None = None) -> Any
                     "instead."
                 )
     return result
+
+
+def prediction_dict(got: Any, keys: Sequence[str], fn_name: str) -> Mapping[str, Any]:
+    """A learner's predictions as a mapping holding ``keys``, or a message saying what is off."""
+    if not isinstance(got, Mapping):
+        raise CheckFailure(f"{fn_name} should return a dict with the keys {list(keys)}, "
+                           f"got {describe(got)}")
+    missing = [k for k in keys if k not in got]
+    if missing:
+        raise CheckFailure(f"your dict lacks the key(s) {missing}; it needs {list(keys)}")
+    return got
 
 
 def _describe_inputs(fn: Callable, case: Case) -> str:

@@ -23,7 +23,7 @@ from course_lib.attention import softmax
 from course_lib.course.probes import who_sees_whom
 from course_lib.layers import FeedForward
 
-from ._core import Case, CheckFailure, as_int, call_learner, describe
+from ._core import Case, CheckFailure, as_int, call_learner, describe, prediction_dict
 
 # --------------------------------------------------------------------------------------------
 # Exercise 4.1: predict the shape and rank of the collapsed value path
@@ -64,13 +64,8 @@ def check_collapse_prediction(predict_collapse: Callable) -> None:
         predict_collapse: takes no argument and returns a dict with the keys ``V_star_shape``
             (a tuple), ``V_star_rank`` and ``out_rank`` (ints).
     """
-    got = call_learner(predict_collapse, Case("your predictions"))
-    if not isinstance(got, dict):
-        raise CheckFailure(f"predict_collapse should return a dict with the keys "
-                           f"{list(COLLAPSE_KEYS)}, got {describe(got)}")
-    missing = [k for k in COLLAPSE_KEYS if k not in got]
-    if missing:
-        raise CheckFailure(f"your dict lacks the key(s) {missing}; it needs {list(COLLAPSE_KEYS)}")
+    got = prediction_dict(call_learner(predict_collapse, Case("your predictions")),
+                          COLLAPSE_KEYS, "predict_collapse")
     shape = _as_shape(got["V_star_shape"])
     if shape is None:
         raise CheckFailure(f"V_star_shape should be a tuple of two ints such as (3, 5), got "
@@ -207,14 +202,9 @@ FIXED_FFN_SHAPES: Sequence[tuple[int, int, int, int]] = (
 def _build(model_class: Callable, d_model: int, d_ff: int, seed: int) -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        try:
-            model = model_class(d_model, d_ff)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            raise CheckFailure(f"{getattr(model_class, '__name__', 'your class')}(d_model="
-                               f"{d_model}, d_ff={d_ff}) raised {type(exc).__name__}: {exc}. "
-                               "Keep BuggyFFN's __init__ and fix only forward") from exc
+        model = call_learner(model_class, Case(
+            "building the module", (d_model, d_ff),
+            hint="Keep BuggyFFN's __init__ and fix only forward"))
     for name in ("fc1", "fc2"):
         if not isinstance(getattr(model, name, None), torch.nn.Linear):
             raise CheckFailure(f"your module has no nn.Linear '{name}': subclass BuggyFFN and "

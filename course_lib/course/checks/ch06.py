@@ -196,13 +196,8 @@ def _build_layers(layer_class: Callable, name: str, d_model: int, n_heads: int,
         with torch.no_grad():
             for p in reference.parameters():
                 p.add_(0.2 * torch.randn_like(p))  # non-zero biases, clearly different heads
-        try:
-            layer = layer_class(d_model, n_heads)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            raise CheckFailure(f"{name}({d_model}, {n_heads}) raised {type(exc).__name__}: "
-                               f"{exc}") from exc
+        layer = call_learner(layer_class, Case("building the layer", (d_model, n_heads)),
+                             fn_name=name)
     finally:
         torch.random.set_rng_state(state)
     shapes = {"qkv_proj": (3 * d_model, d_model), "out_proj": (d_model, d_model)}

@@ -920,15 +920,9 @@ def _locate(ref: nn.Module, block: nn.Module, x: torch.Tensor) -> str:
 
 
 def _build_block(block_cls: Callable, d: int, n_heads: int, ref: EncoderBlock) -> nn.Module:
-    try:
-        block = block_cls(d, n_heads)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise CheckFailure(f"{getattr(block_cls, '__name__', 'your block')}({d}, {n_heads}) "
-                           f"raised {type(exc).__name__} while building the block:\n    {exc}\n"
-                           "Keep the buggy block's __init__ (subclass it and override forward "
-                           "only)") from exc
+    block = call_learner(block_cls, Case(
+        "building the block", (d, n_heads),
+        hint="keep the buggy block's __init__ (subclass it and override forward only)"))
     if not isinstance(block, nn.Module):
         raise CheckFailure(f"expected an nn.Module class, got {describe(block)}")
     mine, theirs = set(block.state_dict()), set(ref.state_dict())

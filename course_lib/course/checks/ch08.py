@@ -33,7 +33,7 @@ from ._core import (
     as_int,
     call_learner,
     compare_tensors,
-    describe,
+    prediction_dict,
     rand,
     run_cases,
 )
@@ -737,13 +737,8 @@ def check_masking_predictions(predict_masking: Callable) -> None:
         predict_masking: takes no argument and returns a dict with the keys ``mask_share``,
             ``changed_share`` and ``scored_share`` (numbers in [0, 1]).
     """
-    got = call_learner(predict_masking, Case("your predictions"))
-    if not isinstance(got, Mapping):
-        raise CheckFailure(f"predict_masking should return a dict with the keys "
-                           f"{list(MASKING_KEYS)}, got {describe(got)}")
-    missing = [k for k in MASKING_KEYS if k not in got]
-    if missing:
-        raise CheckFailure(f"your dict lacks the key(s) {missing}; it needs {list(MASKING_KEYS)}")
+    got = prediction_dict(call_learner(predict_masking, Case("your predictions")),
+                          MASKING_KEYS, "predict_masking")
     shares = {key: _as_share(key, got[key]) for key in MASKING_KEYS}
     # p = 0.15; 80% [MASK], 10% a random token (the same one with chance 1/65), 10% unchanged
     expected = {"mask_share": 0.15 * 0.8, "scored_share": 0.15,
