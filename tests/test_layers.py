@@ -181,7 +181,8 @@ def test_rmsnorm_output_has_unit_rms_and_ignores_the_input_scale(shape, d, scale
     out = rms_norm(x, eps=1e-12)
     rms = out.pow(2).mean(-1).sqrt()
     torch.testing.assert_close(rms, torch.ones_like(rms))
-    torch.testing.assert_close(rms_norm(scale * x, eps=1e-12), out)
+    # exact identity: rms_norm(s x, eps = s^2 e) = x / sqrt(mean(x^2) + e), whatever mean(x^2)
+    torch.testing.assert_close(rms_norm(scale * x, eps=scale**2 * 1e-12), out)
     torch.testing.assert_close(out, F.rms_norm(x, (d,), eps=1e-12))
 
 
