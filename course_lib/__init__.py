@@ -8,7 +8,8 @@ The model library, bottom-up:
     attention   scores, softmax, scaled dot-product attention, masks, split_heads /
                 merge_heads, MultiHeadAttention (grouped-query with n_kv_heads)
     positions   learned, sinusoidal, ALiBi and rotary position representations
-    layers      FeedForward, SwiGLU, LayerNorm and RMSNorm (from the equations)
+    layers      FeedForward, SwiGLU, LayerNorm and RMSNorm (from the equations); ffn="none"
+                gives an attention-only block
     blocks      EncoderBlock, DecoderBlock (pre- or post-norm, optional cross-attention;
                 Llama-style: RMSNorm, SwiGLU, grouped-query attention)
     configs     EncoderConfig, DecoderConfig, EncoderDecoderConfig, the models' outputs
@@ -19,8 +20,8 @@ The model library, bottom-up:
     efficient   chunked (online-softmax), sliding-window and low-rank attention; peak memory
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
-    tasks       synthetic tasks: copy, long-range recall, word-order translation with a known
-                alignment; BERT's masking rule (mask_tokens)
+    tasks       synthetic tasks: copy, long-range recall, repeated random segments, word-order
+                translation with a known alignment; BERT's masking rule (mask_tokens)
     metrics     token and sequence accuracy, the alignment score of cross-attention
     train       a small training loop (AdamW, warm-up and cosine decay, clipping, evaluation)
     pretrained  a real BERT checkpoint in our own Encoder: config, weight map, loading,
@@ -30,7 +31,10 @@ The course's tooling is in ``course_lib.course``; it imports the model library, 
 way round: graded checks, the exercise generator, the grader, the Colab set-up, and the
 instruments that are not lessons:
     course.probes      black-box tests of which outputs depend on which inputs (future leaks),
-                       head ablation, per-layer gradient norms, head roles
+                       head ablation, per-layer gradient norms, head roles, previous-token
+                       and induction scores, a head's path into one later layer, logit lens
+    course.induction   chapter 11's recipe: an attention-only model trained on repeated
+                       segments, its training log, the loss on each half
     course.divergence  the first submodule where two implementations of one network disagree
     course.viz         attention heatmaps, a real model's head view, the plot style, widgets
     course.bert_app    load_pretrained_encoder: the bundled all-MiniLM-L6-v2 with its

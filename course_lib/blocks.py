@@ -91,8 +91,9 @@ class DecoderBlock(nn.Module):
     Args: as :class:`EncoderBlock`, plus
         cross_attention: add the cross-attention sublayer (encoder-decoder models).
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm, Llama), with eps ``eps``.
-        ffn: ``"mlp"`` (:class:`~course_lib.layers.FeedForward` with ``activation``) or
-            ``"swiglu"`` (:class:`~course_lib.layers.SwiGLU`, Llama).
+        ffn: ``"mlp"`` (:class:`~course_lib.layers.FeedForward` with ``activation``),
+            ``"swiglu"`` (:class:`~course_lib.layers.SwiGLU`, Llama) or ``"none"`` (no
+            feed-forward sublayer: ``ff`` and ``ff_norm`` are None, attention only).
         n_kv_heads, rope_theta: key/value heads (grouped-query attention; None = n_heads) and
             the RoPE base, as in :class:`MultiHeadAttention` (for both attentions).
 
@@ -121,8 +122,8 @@ class DecoderBlock(nn.Module):
             self.cross_attn = MultiHeadAttention(d_model, n_heads, **heads)
             self.cross_attn_norm = make_norm(norm, d_model, eps=eps)
         self.ff = make_feed_forward(ffn, d_model, d_ff, activation=activation, dropout=dropout,
-                                    bias=bias)
-        self.ff_norm = make_norm(norm, d_model, eps=eps)
+                                    bias=bias)  # None with ffn="none": attention only
+        self.ff_norm = None if self.ff is None else make_norm(norm, d_model, eps=eps)
         self.dropout = dropout_layer(dropout)
 
     def forward(self, x: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None, *,
@@ -155,14 +156,16 @@ class DecoderBlock(nn.Module):
                     c, cross_weights = self.cross_attn(
                         self.cross_attn_norm(x), encoder_hidden_states, **cross_kw)
                     x = x + self.dropout(c)
-                x = x + self.dropout(self.ff(self.ff_norm(x)))
+                if self.ff is not None:
+                    x = x + self.dropout(self.ff(self.ff_norm(x)))
             else:  # post-norm: LN(x + f(x))
                 a, self_weights = self.self_attn(x, **self_kw)
                 x = self.attn_norm(x + self.dropout(a))
                 if self.cross_attn is not None:
                     c, cross_weights = self.cross_attn(x, encoder_hidden_states, **cross_kw)
                     x = self.cross_attn_norm(x + self.dropout(c))
-                x = self.ff_norm(x + self.dropout(self.ff(x)))
+                if self.ff is not None:
+                    x = self.ff_norm(x + self.dropout(self.ff(x)))
         return x, self_weights, cross_weights  # (B, T, D), (B, H, T, T), (B, H, T, S)
 
 

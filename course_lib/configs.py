@@ -98,8 +98,9 @@ class DecoderConfig(TransformerConfig):
         cross_attention: add cross-attention to every block (set by ``EncoderDecoder``).
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm, Llama), in the blocks and the
             final norm; its eps is ``layer_norm_eps`` either way.
-        ffn: ``"mlp"`` (two layers with ``activation``) or ``"swiglu"`` (Llama's gated
-            network; ``activation`` is then unused, SwiGLU's is SiLU).
+        ffn: ``"mlp"`` (two layers with ``activation``), ``"swiglu"`` (Llama's gated
+            network; ``activation`` is then unused, SwiGLU's is SiLU) or ``"none"`` (no
+            feed-forward sublayer: an attention-only model).
         n_kv_heads: key/value heads for grouped-query attention (Hugging Face's
             ``num_key_value_heads``), dividing n_heads; None = n_heads, 1 = multi-query.
         rope_theta: the RoPE base (Hugging Face's name), with ``positions="rope"``.

@@ -35,7 +35,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's approximation
 }
 NORMS = ("layer", "rms")  # LayerNorm (GPT-2, BERT) or RMSNorm (Llama)
-FEED_FORWARDS = ("mlp", "swiglu")  # FeedForward (GPT-2, BERT) or SwiGLU (Llama)
+# FeedForward (GPT-2, BERT), SwiGLU (Llama) or none (an attention-only model, chapter 11)
+FEED_FORWARDS = ("mlp", "swiglu", "none")
 
 
 def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -122,10 +123,13 @@ class SwiGLU(nn.Module):
 
 def make_feed_forward(ffn: str, d_model: int, d_ff: int | None = None, *,
                       activation: str = "relu", dropout: float = 0.0,
-                      bias: bool = True) -> nn.Module:
+                      bias: bool = True) -> nn.Module | None:
     """The feed-forward network called ``ffn``: ``"mlp"`` a :class:`FeedForward` with
-    ``activation``, or ``"swiglu"`` a :class:`SwiGLU` (whose activation is always SiLU)."""
+    ``activation``, ``"swiglu"`` a :class:`SwiGLU` (whose activation is always SiLU), or
+    ``"none"`` None (a block without one)."""
     require_choice("ffn", ffn, FEED_FORWARDS)
+    if ffn == "none":
+        return None
     if ffn == "swiglu":
         return SwiGLU(d_model, d_ff, dropout=dropout, bias=bias)
     return FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)

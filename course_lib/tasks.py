@@ -1,6 +1,6 @@
-"""Small synthetic tasks generated in code: copy and long-range recall for decoder-only
-models, a toy translation with a known word alignment for encoder-decoders, and BERT's
-masking rule for a masked language model.
+"""Small synthetic tasks generated in code: copy, long-range recall and repeated random
+segments for decoder-only models, a toy translation with a known word alignment for
+encoder-decoders, and BERT's masking rule for a masked language model.
 
 Shape legend: N examples, T sequence (or target) length, S source length.
 
@@ -114,6 +114,36 @@ def recall_task(
     targets = torch.full_like(inputs, IGNORE_INDEX)  # (N, T)
     targets[:, -1] = seq[:, 0]
     return LMTask(inputs, targets, _digit_vocab(n_symbols, "?"))
+
+
+def repeated_segments(
+    n_sequences: int, segment_len: int, vocab_size: int, *,
+    generator: torch.Generator | None = None, seed: int | None = None,
+) -> LMTask:
+    """Random segments shown twice: ``7 2 9 4 | 7 2 9 4`` (no separator), loss everywhere.
+
+    The first half is uniform noise, so nothing predicts it better than chance (loss
+    log V). In the second half every next token is written earlier in the sequence: a model
+    that finds the earlier copy of the current token and reads the token after it (an
+    *induction head*, chapter 11) predicts it exactly.
+
+    Args:
+        n_sequences: N. segment_len: L, the random segment's length.
+        vocab_size: V; tokens are drawn uniformly from 0..V-1.
+        generator, seed: randomness (one or the other; seed 0 if neither).
+
+    Returns:
+        :class:`LMTask` with inputs and targets (N, 2L): targets[:, t] = inputs[:, t + 1],
+        and -100 at the last position (nothing follows it).
+    """
+    check_positive_ints(n_sequences=n_sequences, segment_len=segment_len, vocab_size=vocab_size)
+    gen = _generator(generator, seed)
+    segment = torch.randint(vocab_size, (n_sequences, segment_len), generator=gen)  # (N, L)
+    inputs = torch.cat([segment, segment], dim=1)  # (N, 2L)
+    targets = torch.full_like(inputs, IGNORE_INDEX)  # (N, 2L)
+    targets[:, :-1] = inputs[:, 1:]  # the next token; the last one has none
+    vocab = tuple(str(i) if vocab_size <= 10 else f"s{i}" for i in range(vocab_size))
+    return LMTask(inputs, targets, vocab)
 
 
 def _pad_rows(rows: list[list[int]], value: int) -> torch.Tensor:

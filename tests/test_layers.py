@@ -360,7 +360,9 @@ def test_the_factories_build_the_named_kind_and_refuse_others():
     assert type(mlp) is FeedForward and mlp.activation_name == "gelu" and mlp.fc1.bias is None
     with pytest.raises(ValueError, match=r"norm must be one of 'layer', 'rms'; got 'batch'"):
         make_norm("batch", 8)
-    with pytest.raises(ValueError, match=r"ffn must be one of 'mlp', 'swiglu'; got 'glu'"):
+    assert make_feed_forward("none", 8, 16) is None  # an attention-only block
+    with pytest.raises(ValueError,
+                       match=r"ffn must be one of 'mlp', 'swiglu', 'none'; got 'glu'"):
         make_feed_forward("glu", 8)
 
 

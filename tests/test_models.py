@@ -608,3 +608,34 @@ def test_llama_style_parameter_counts_on_meta_equal_hugging_face_llama(n_kv_head
     d_head = 16  # W_k and W_v shrink with the key/value heads
     attention = 2 * (2 * 64 * 64 + 2 * n_kv_heads * d_head * 64)  # 2 layers: W_q, W_o, W_k, W_v
     assert parameter_breakdown(ours)["attention"] == attention
+
+
+# --------------------------------------------------------------------------------------------
+# An attention-only decoder (ffn="none", chapter 11)
+
+
+def test_an_attention_only_decoder_has_no_feed_forward_weights():
+    sizes = dict(vocab_size=13, d_model=16, n_heads=2, n_layers=2, max_len=12)
+    full = DecoderLM(DecoderConfig(**sizes))
+    attn_only = DecoderLM(DecoderConfig(**sizes, ffn="none"))
+    ffn = sum(p.numel() for b in full.blocks for m in (b.ff, b.ff_norm) for p in m.parameters())
+    assert count_parameters(attn_only) == count_parameters(full) - ffn
+    assert all(b.ff is None and b.ff_norm is None for b in attn_only.blocks)
+    assert not any(".ff" in name for name, _ in attn_only.named_parameters())
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_an_attention_only_decoder_adds_only_attention_to_the_stream(norm_first):
+    config = DecoderConfig(vocab_size=13, d_model=16, n_heads=2, n_layers=2, max_len=12,
+                           ffn="none", norm_first=norm_first)
+    model = DecoderLM(config).eval()
+    ids = torch.randint(13, (3, 9), generator=torch.Generator().manual_seed(0))
+    x = model.embeddings(ids)  # (B, T, D)
+    for block in model.blocks:  # by hand: the attention sublayer, and nothing after it
+        if norm_first:
+            x = x + block.self_attn(block.attn_norm(x), is_causal=True)[0]
+        else:
+            x = block.attn_norm(x + block.self_attn(x, is_causal=True)[0])
+    if model.final_norm is not None:
+        x = model.final_norm(x)
+    torch.testing.assert_close(model(ids).logits, model.lm_head(x))

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import on_devices
 from helpers import Float64Watch
 from hypothesis import given, settings
@@ -20,15 +21,21 @@ from course_lib.configs import DecoderConfig, EncoderConfig
 from course_lib.course.bert_app import load_pretrained_encoder
 from course_lib.course.probes import (
     HEAD_ROLES,
+    PATH_PARTS,
     LeakReport,
+    ablate_head_path,
     ablate_heads,
     future_leaks,
     head_role_scores,
+    induction_score,
     influence,
     layer_grad_norms,
+    logit_lens,
+    previous_token_score,
     who_sees_whom,
 )
 from course_lib.models import DecoderLM, Encoder
+from course_lib.tasks import repeated_segments
 
 
 def _linear_mixer(pattern: torch.Tensor, d: int, seed: int):
@@ -801,3 +808,176 @@ def test_a_wrong_type_is_a_plain_type_error():
     with pytest.raises(TypeError, match="layers") as info:
         layer_grad_norms(7)
     assert not isinstance(info.value, ValueError)
+
+
+# --------------------------------------------------------------------------------------------
+# previous_token_score and induction_score on hand-built patterns
+
+
+def _pattern(seq_len: int, key_of) -> torch.Tensor:
+    """(T, T) weights putting all of query t's weight on key key_of(t) (t itself if None)."""
+    w = torch.zeros(seq_len, seq_len)
+    for t in range(seq_len):
+        k = key_of(t)
+        w[t, t if k is None else k] = 1.0
+    return w
+
+
+def _uniform_causal(seq_len: int) -> torch.Tensor:
+    w = torch.ones(seq_len, seq_len).tril()
+    return w / w.sum(-1, keepdim=True)  # (T, T)
+
+
+def test_a_previous_token_head_scores_one_and_zero_for_induction():
+    L = 5
+    prev = _pattern(2 * L, lambda t: t - 1 if t > 0 else None)
+    assert float(previous_token_score(prev)) == 1.0
+    assert float(induction_score(prev, L)) == 0.0
+
+
+def test_an_induction_head_scores_one_and_zero_for_previous_token():
+    L = 5
+    ind = _pattern(2 * L, lambda t: t - L + 1 if t >= L else None)  # first half: on itself
+    assert float(induction_score(ind, L)) == 1.0
+    assert float(previous_token_score(ind)) == 0.0
+
+
+def test_uniform_causal_weights_give_the_mean_of_one_over_the_keys():
+    L = 6
+    w = _uniform_causal(2 * L)
+    # query t has t + 1 keys, each with weight 1 / (t + 1)
+    torch.testing.assert_close(previous_token_score(w),
+                               torch.tensor(sum(1 / (t + 1) for t in range(1, 2 * L)) / (2 * L - 1)))
+    torch.testing.assert_close(induction_score(w, L),
+                               torch.tensor(sum(1 / (t + 1) for t in range(L, 2 * L)) / L))
+
+
+def test_the_scores_keep_the_batch_and_head_dimensions():
+    L = 4
+    prev = _pattern(2 * L, lambda t: t - 1 if t > 0 else None)
+    ind = _pattern(2 * L, lambda t: t - L + 1 if t >= L else None)
+    w = torch.stack([torch.stack([prev, ind, _uniform_causal(2 * L)])] * 3)  # (B=3, H=3, T, T)
+    assert previous_token_score(w).shape == induction_score(w, L).shape == (3, 3)
+    torch.testing.assert_close(previous_token_score(w)[:, 0], torch.ones(3))
+    torch.testing.assert_close(induction_score(w, L)[:, 1], torch.ones(3))
+    torch.testing.assert_close(induction_score(w, L)[:, 0], torch.zeros(3))
+
+
+def test_the_scores_read_a_real_models_attentions():
+    model = DecoderLM(DecoderConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2,
+                                    max_len=16, ffn="none")).eval()
+    ids = repeated_segments(4, 5, 11, seed=0).inputs
+    attentions = model(ids, output_attentions=True).attentions  # 2 x (B, H, T, T)
+    scores = torch.stack([induction_score(a, 5) for a in attentions])  # (L, B, H)
+    assert scores.shape == (2, 4, 2)
+    assert bool(((scores >= 0) & (scores <= 1)).all())
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda: induction_score(torch.rand(2, 10, 10), 4), ValueError, "2 \\* segment_len = 8"),
+    (lambda: induction_score(torch.rand(2, 10, 9), 5), ValueError, "\\(\\.\\.\\., T, T\\)"),
+    (lambda: previous_token_score(torch.rand(10)), ValueError, "\\(\\.\\.\\., T, T\\)"),
+    (lambda: previous_token_score(torch.ones(1, 1)), ValueError, "at least 2"),
+    (lambda: previous_token_score(torch.ones(3, 3, dtype=torch.long)), TypeError, "dtype"),
+    (lambda: previous_token_score(torch.full((3, 3), float("nan"))), ValueError, "NaN"),
+    (lambda: previous_token_score([[0.5, 0.5]]), TypeError, "weights"),
+    (lambda: induction_score(torch.rand(4, 4), 0), ValueError, "segment_len"),
+    (lambda: induction_score(torch.rand(4, 4), 2.0), TypeError, "segment_len"),
+])
+def test_the_pattern_scores_name_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# --------------------------------------------------------------------------------------------
+# ablate_head_path and logit_lens
+
+
+def _two_layer_decoder(**options) -> DecoderLM:
+    torch.manual_seed(0)
+    config = DecoderConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2, max_len=12,
+                           ffn="none", **options)
+    return DecoderLM(config).eval()
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(11, (3, 10), generator=torch.Generator().manual_seed(1))
+
+
+def _by_hand(model, ids, head, parts):
+    """The two-layer attention-only model computed without hooks: block 1 reads the chosen
+    parts from the stream without head `head` of block 0 (found with ablate_heads)."""
+    b0, b1 = model.blocks
+    x0 = model.embeddings(ids)  # (B, T, D)
+    full = b0.self_attn(b0.attn_norm(x0), is_causal=True)[0]  # (B, T, D)
+    with ablate_heads(b0.self_attn, head):
+        rest = b0.self_attn(b0.attn_norm(x0), is_causal=True)[0]
+    head_out = full - rest  # the head's own term (the output bias cancels)
+    x1 = x0 + full
+    d = model.config.d_model
+    w = b1.self_attn.qkv_proj.weight
+    bq = b1.self_attn.qkv_proj.bias
+    sources = {p: b1.attn_norm(x1 - head_out if p in parts else x1) for p in PATH_PARTS}
+    q, k, v = (F.linear(sources[p], w[i * d:(i + 1) * d], None if bq is None else
+                        bq[i * d:(i + 1) * d]) for i, p in enumerate(PATH_PARTS))
+    split = lambda t: t.view(*t.shape[:2], 2, 8).transpose(1, 2)  # (B, H, T, Dh)  # noqa: E731
+    out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True)
+    out = b1.self_attn.out_proj(out.transpose(1, 2).reshape(x1.shape))  # (B, T, D)
+    return model.lm_head(model.final_norm(x1 + out))
+
+
+@pytest.mark.parametrize("parts", ["keys", "queries", ("values",), ("queries", "keys", "values")])
+def test_ablate_head_path_removes_the_head_from_the_chosen_parts_only(parts):
+    model, ids = _two_layer_decoder(), _ids()
+    chosen = (parts,) if isinstance(parts, str) else parts
+    with torch.no_grad(), ablate_head_path(model, 0, 1, into_layer=1, parts=parts):
+        ablated = model(ids).logits
+    torch.testing.assert_close(ablated, _by_hand(model, ids, 1, chosen))
+    assert not torch.allclose(ablated, model(ids).logits)  # it changed something
+    torch.testing.assert_close(model(ids).logits, _by_hand(model, ids, 1, ()))  # hooks gone
+
+
+def test_ablate_head_path_changes_nothing_for_a_silent_head():
+    model, ids = _two_layer_decoder(positions="rope"), _ids()
+    with torch.no_grad():
+        model.blocks[0].self_attn.out_proj.weight[:, 8:] = 0.0  # head 1 writes nothing
+        before = model(ids).logits
+        with ablate_head_path(model, 0, 1, into_layer=1, parts=PATH_PARTS):
+            after = model(ids).logits
+    torch.testing.assert_close(after, before)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    (dict(layer=1, head=0, into_layer=1), ValueError, "layer < into_layer"),
+    (dict(layer=0, head=0, into_layer=2), ValueError, "into_layer"),
+    (dict(layer=0, head=2, into_layer=1), ValueError, "n_heads=2"),
+    (dict(layer=0, head=0, into_layer=1, parts="weights"), ValueError, "parts"),
+    (dict(layer=-1, head=0, into_layer=1), ValueError, "layer"),
+])
+def test_ablate_head_path_names_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match), ablate_head_path(_two_layer_decoder(), **kwargs):
+        pass
+
+
+def test_ablate_head_path_refuses_a_block_where_the_model_never_ran():
+    model = _two_layer_decoder()
+    with pytest.raises(ValueError, match="never ran"), ablate_head_path(model, 0, 0,
+                                                                        into_layer=1):
+        pass
+    with pytest.raises(TypeError, match="DecoderLM"), ablate_head_path(nn.Linear(2, 2), 0, 0,
+                                                                       into_layer=1):
+        pass
+
+
+def test_the_logit_lens_ends_at_the_models_logits_and_starts_at_the_embeddings():
+    model, ids = _two_layer_decoder(), _ids()
+    lens = logit_lens(model, ids)
+    assert lens.shape == (3, 3, 10, 11) and not lens.requires_grad
+    torch.testing.assert_close(lens[-1], model(ids).logits)
+    torch.testing.assert_close(lens[0], model.lm_head(model.final_norm(model.embeddings(ids))))
+    x1 = model.blocks[0](model.embeddings(ids))[0]  # (B, T, D)
+    torch.testing.assert_close(lens[1], model.lm_head(model.final_norm(x1)))
+    assert not model.embeddings._forward_hooks and not model.blocks[0]._forward_hooks
+    with pytest.raises(TypeError, match="lm_head"):
+        logit_lens(Encoder(EncoderConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1)),
+                   ids)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from course_lib.configs import DecoderConfig, EncoderDecoderConfig
 from course_lib.metrics import alignment_score
 from course_lib.models import DecoderLM, EncoderDecoder
-from course_lib.tasks import copy_task, recall_task, word_order_task
+from course_lib.tasks import copy_task, recall_task, repeated_segments, word_order_task
 from course_lib.tokenizer import IGNORE_INDEX
 
 # --------------------------------------------------------------------------------------------
@@ -255,3 +255,40 @@ def test_mask_tokens_bad_arguments(kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         mask_tokens(args.pop("ids"), **args)
+
+
+# --------------------------------------------------------------------------------------------
+# Repeated random segments (the induction-head task)
+
+
+def test_repeated_segments_repeats_each_segment_and_targets_the_next_token():
+    task = repeated_segments(40, 7, 13, seed=2)
+    assert task.inputs.shape == task.targets.shape == (40, 14)
+    assert torch.equal(task.inputs[:, :7], task.inputs[:, 7:])  # the same segment twice
+    assert torch.equal(task.targets[:, :-1], task.inputs[:, 1:])  # the next token
+    assert (task.targets[:, -1] == IGNORE_INDEX).all()
+    assert int(task.inputs.min()) >= 0 and int(task.inputs.max()) < 13
+    assert task.vocab_size == 13 and task.vocab[12] == "s12"
+    assert repeated_segments(2, 3, 5, seed=0).vocab == ("0", "1", "2", "3", "4")
+
+
+def test_repeated_segments_draw_uniform_tokens_from_the_generator():
+    gen = torch.Generator().manual_seed(5)
+    a = repeated_segments(300, 10, 8, generator=gen)
+    b = repeated_segments(300, 10, 8, generator=gen)  # the stream moved on: new segments
+    assert not torch.equal(a.inputs, b.inputs)
+    assert torch.equal(a.inputs, repeated_segments(300, 10, 8, seed=5).inputs)
+    counts = torch.bincount(a.inputs[:, :10].flatten(), minlength=8).float()  # 3,000 draws
+    assert (counts / counts.sum() - 1 / 8).abs().max() < 0.03  # each token about 1/8
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda: repeated_segments(0, 4, 8), ValueError, "n_sequences"),
+    (lambda: repeated_segments(2, 0, 8), ValueError, "segment_len"),
+    (lambda: repeated_segments(2, 4, 2.5), TypeError, "vocab_size"),
+    (lambda: repeated_segments(2, 4, 8, seed=1, generator=torch.Generator()), ValueError,
+     "either generator or seed"),
+])
+def test_repeated_segments_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

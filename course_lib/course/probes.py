@@ -20,6 +20,12 @@ Functions:
     layer_grad_norms (L,): the gradient norm of each layer of a stack after backward()
     head_role_scores how strongly each head of a trained encoder plays a known role (previous
                      token, next token, [CLS], [SEP], same word), averaged over sentences
+    previous_token_score (...,): a causal head's mean weight on the token just before
+    induction_score  (...,): on a repeated segment, the mean weight on the token after the
+                     earlier copy of the current token (chapter 11)
+    ablate_head_path a ``with`` block in which one head's output is removed from what a later
+                     layer reads as keys (or queries, or values) only
+    logit_lens       (L + 1, B, T, V): what a decoder would predict if it stopped after each layer
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .._validate import (
@@ -47,7 +54,8 @@ from ..attention import MultiHeadAttention
 Probed = Callable[[torch.Tensor], torch.Tensor]
 
 __all__ = ["HEAD_ROLES", "STOP_WORDS", "HeadRoles", "LeakReport", "ablate_heads", "future_leaks",
-           "head_role_scores", "influence", "layer_grad_norms", "who_sees_whom"]
+           "ablate_head_path", "head_role_scores", "induction_score", "influence",
+           "layer_grad_norms", "logit_lens", "previous_token_score", "who_sees_whom"]
 
 
 def _check_inputs(fn: object, x: object, vocab_size: int | None, n_trials: int,
@@ -733,3 +741,194 @@ def _require_scoreable(stack: torch.Tensor, tokens: list) -> None:
                 f"attentions holds NaN or inf for layer {layer}, head {head} (sequence {b}, "
                 "at real tokens): its scores would be NaN, and NaN cannot be ranked; find "
                 "where it comes from first (a fully masked row? an overflow?)")
+
+
+# --------------------------------------------------------------------------------------------
+# Two patterns of a decoder's heads: previous token and induction (chapter 11)
+
+
+def _check_weights(weights: object, min_len: int = 2) -> torch.Tensor:
+    """Attention weights (..., T, T), floating point, finite, T >= min_len."""
+    weights = require_tensor("weights", weights)
+    if weights.dim() < 2 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"weights should be attention weights of shape (..., T, T) (rows = "
+                         f"queries, columns = keys), got shape {shape_of(weights)}")
+    if not weights.is_floating_point():
+        raise TypeError(f"weights should hold float attention weights, got dtype {weights.dtype}")
+    if weights.shape[-1] < min_len:
+        raise ValueError(f"weights has T = {weights.shape[-1]} positions; the score needs at "
+                         f"least {min_len}")
+    require_finite("weights", weights, "a score of NaN says nothing about the head")
+    return weights
+
+
+def previous_token_score(weights: torch.Tensor) -> torch.Tensor:
+    """How much a head attends to the token just before the query: the mean over queries
+    t = 1..T-1 of ``weights[..., t, t - 1]`` (1 for a pure previous-token head; a head that
+    spreads evenly over t + 1 causal keys scores the mean of 1 / (t + 1)).
+
+    Args:
+        weights: (..., T, T) attention weights, rows = queries, e.g. one layer's
+            ``model(ids, output_attentions=True).attentions[l]`` (B, H, T, T); T >= 2.
+
+    Returns:
+        (...): the score of every head (and example); average over the batch dimension
+        yourself, e.g. ``previous_token_score(w).mean(0)`` for (H,).
+    """
+    weights = _check_weights(weights)
+    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)  # (...,)
+
+
+def induction_score(weights: torch.Tensor, segment_len: int) -> torch.Tensor:
+    """How much a head does what an induction head does on a repeated segment
+    (``course_lib.tasks.repeated_segments``: L random tokens, then the same L again): the mean
+    over the queries t = L..2L-1 of the second copy of ``weights[..., t, t - L + 1]``, the
+    weight on the token that came right after the earlier copy of the current token (the one
+    to predict next). A pure induction head scores 1; a previous-token head scores about 0.
+
+    Args:
+        weights: (..., 2L, 2L) attention weights on sequences from ``repeated_segments``.
+        segment_len: L.
+
+    Returns:
+        (...): the score of every head (and example).
+    """
+    weights = _check_weights(weights)
+    seg = require_positive_int("segment_len", segment_len)
+    if weights.shape[-1] != 2 * seg:
+        raise ValueError(
+            f"weights has T = {weights.shape[-1]} positions, but a repeated segment of "
+            f"segment_len = {seg} has T = 2 * segment_len = {2 * seg}: pass the segment "
+            "length the sequences were made with")
+    # key t - L + 1 sits L - 1 positions below the diagonal
+    return weights.diagonal(offset=-(seg - 1), dim1=-2, dim2=-1)[..., 1:].mean(-1)  # (...,)
+
+
+# --------------------------------------------------------------------------------------------
+# Inside a decoder: one head's path into a later layer, and the logit lens (chapter 11)
+
+PATH_PARTS = ("queries", "keys", "values")
+
+
+def _check_blocks(model: object) -> list[nn.Module]:
+    """The model's blocks, each with a course_lib ``self_attn``, ``attn_norm``, ``norm_first``."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList) or not all(
+            isinstance(getattr(b, "self_attn", None), MultiHeadAttention) for b in blocks):
+        raise TypeError(f"model must be a course_lib DecoderLM (or Encoder), with blocks whose "
+                        f"self_attn is a MultiHeadAttention; got {type(model).__name__}")
+    return list(blocks)
+
+
+@contextlib.contextmanager
+def ablate_head_path(
+    model: nn.Module, layer: int, head: int, *, into_layer: int,
+    parts: str | Iterable[str] = "keys",
+) -> Iterator[nn.Module]:
+    """Remove one head's output from what a later layer reads as keys (or queries, or values)
+    only, inside a ``with`` block: a *targeted* ablation, to test how two layers compose.
+
+    Head ``head`` of block ``layer`` adds ``c = W_o[:, slice_h] head_h`` to the residual stream
+    x. Inside the block, block ``into_layer`` computes the chosen parts from ``x - c`` (through
+    its own norm, as it would) and the others from the full x; every other layer, and the
+    stream itself, still contain ``c``. So ``parts="keys"`` asks: does the later layer need
+    this head's output to *find* where to look (K-composition), while its queries and the
+    values it reads are untouched? Only the direct path is removed (what c contributes
+    through a feed-forward sublayer in between is not).
+
+    Args:
+        model: a course_lib DecoderLM (``model.blocks``), in eval mode for a measurement.
+        layer, head: the head whose output is removed (block ``layer``'s self-attention).
+        into_layer: the later block that reads the stream without it (> layer).
+        parts: ``"queries"``, ``"keys"``, ``"values"`` or several of them.
+
+    Yields:
+        The model, for ``with ablate_head_path(model, 0, 1, into_layer=1): model(ids)``.
+
+    Raises:
+        ValueError / TypeError: for bad arguments, or (when the block ends) if the model never
+            ran inside it.
+    """
+    blocks = _check_blocks(model)
+    n_layers = len(blocks)
+    layer = require_int("layer", layer, minimum=0)
+    into_layer = require_int("into_layer", into_layer, minimum=0)
+    if not layer < into_layer < n_layers:
+        raise ValueError(f"need layer < into_layer < n_layers = {n_layers}; got layer={layer}, "
+                         f"into_layer={into_layer}: a head can only change what later "
+                         "layers read")
+    chosen = _check_heads_to_ablate(blocks[layer].self_attn, [head])[0]
+    parts = [parts] if isinstance(parts, str) else list(parts)
+    for part in parts:
+        if part not in PATH_PARTS:
+            raise ValueError(f"parts must be among {PATH_PARTS}, got {part!r}")
+    source, target = blocks[layer].self_attn, blocks[into_layer]
+    seen: dict[str, torch.Tensor] = {}  # the head's term c and the stream x of the latest run
+    ran = []  # filled when the target layer runs inside the block
+
+    def keep_head_output(module: nn.Module, args: tuple) -> None:
+        d_head = source.d_head
+        part = args[0][..., chosen * d_head:(chosen + 1) * d_head]  # (B, T, Dh)
+        seen["c"] = part @ module.weight[:, chosen * d_head:(chosen + 1) * d_head].T  # (B, T, D)
+
+    def keep_stream(module: nn.Module, args: tuple) -> None:
+        seen["x"] = args[0]  # (B, T, D): the residual stream entering the target block
+
+    def replace_parts(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        x = seen["x"] - seen["c"]  # (B, T, D): the stream without the head
+        if target.norm_first:
+            x = target.attn_norm(x)
+        without = F.linear(x, module.weight, module.bias)  # (B, T, D + 2 Hkv Dh)
+        d, kv = target.self_attn.d_model, target.self_attn.n_kv_heads * target.self_attn.d_head
+        spans = {"queries": (0, d), "keys": (d, d + kv), "values": (d + kv, d + 2 * kv)}
+        out = out.clone()
+        for part in parts:
+            start, end = spans[part]
+            out[..., start:end] = without[..., start:end]
+        ran.append(True)
+        return out
+
+    handles = [source.out_proj.register_forward_pre_hook(keep_head_output),
+               target.register_forward_pre_hook(keep_stream),
+               target.self_attn.qkv_proj.register_forward_hook(replace_parts)]
+    try:
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not ran:
+        raise ValueError("the with block never ran the model given to ablate_head_path, so "
+                         "nothing was ablated: run that very model inside the block")
+
+
+def logit_lens(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """What a decoder would predict if it stopped after each layer: its final norm and its
+    output layer applied to the residual stream after the embeddings and after every block
+    (nostalgebraist's *logit lens*). The last entry is the model's own logits.
+
+    Args:
+        model: a course_lib DecoderLM (``embeddings``, ``blocks``, ``final_norm``, ``lm_head``).
+        ids: (B, T) token ids, as the model takes them.
+
+    Returns:
+        (n_layers + 1, B, T, V) logits, entry 0 from the embeddings alone, computed without
+        gradients.
+    """
+    blocks = _check_blocks(model)
+    if not hasattr(model, "lm_head"):
+        raise TypeError(f"model must be a language model with an lm_head (a DecoderLM), got "
+                        f"{type(model).__name__}")
+    streams: list[torch.Tensor] = []
+    hooks = [model.embeddings.register_forward_hook(lambda m, a, out: streams.append(out))]
+    hooks += [b.register_forward_hook(lambda m, a, out: streams.append(out[0])) for b in blocks]
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.no_grad():
+        stack = torch.stack(streams)  # (L + 1, B, T, D)
+        if model.final_norm is not None:
+            stack = model.final_norm(stack)
+        return model.lm_head(stack)  # (L + 1, B, T, V)
