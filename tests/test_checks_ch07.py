@@ -4,7 +4,9 @@ mistake, accept every correct formulation, and let an unsolved stub fail as itse
 from __future__ import annotations
 
 import functools
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from helpers import stub
 from torch import nn
 
 from course_lib import EncoderBlock, FeedForward, MultiHeadAttention, layer_norm, rms_norm
-from course_lib.course.checks import CheckFailure
+from course_lib.course.checks import CheckFailure, ch07
 from course_lib.course.checks.ch07 import (
     check_dropout,
     check_layer_grad_norms,
@@ -904,6 +906,19 @@ def test_warmup_sweep_accepts_correct_sweeps(fn, capsys):
     check_warmup_sweep(fn)
     out = capsys.readouterr().out
     assert "\u2705" in out and "no warm-up stalls" in out
+
+
+def test_warmup_sweep_keeps_every_model_alive_so_a_new_one_is_never_taken_for_an_old_one():
+    """A sweep that frees each model before building the next is correct; the check tells a
+    reused model by identity, so it must keep the ones it saw alive (a freed model's id can be
+    handed to the next model)."""
+    recorder = ch07._Recorder(ch07.WARMUP_PEAK, ch07.WARMUP_SWEEP)
+    model = recorder.make_model()
+    seen = weakref.ref(model)
+    recorder.train_run(model, lambda step: ch07.reference_lr_at(step, ch07.WARMUP_PEAK, 5))
+    del model
+    gc.collect()
+    assert seen() is not None
 
 
 def sweep_one_model(make_model, train_run, peak, warmups):

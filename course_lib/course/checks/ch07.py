@@ -1204,7 +1204,7 @@ class _Recorder:
 
     def __init__(self, peak: float, warmups: tuple[int, ...]) -> None:
         self.peak, self.warmups = peak, warmups
-        self.model_ids: set[int] = set()
+        self.models: list[nn.Module] = []  # kept alive: a freed model's id can come back
         self.used: list[int] = []  # the warm-up of every run so far
         self.losses: list[list[float]] = []
 
@@ -1230,12 +1230,12 @@ class _Recorder:
         if steps != WARMUP_STEPS:
             raise CheckFailure(f"Your sweep trains for {steps} updates: keep train_run's "
                                f"default, {WARMUP_STEPS}, the length the experiment is built for")
-        if id(model) in self.model_ids:
+        if any(model is seen for seen in self.models):
             raise CheckFailure("Your sweep trained the same model object in a second run: it "
                                "would start from weights that the first run had already "
                                "trained (or broken), so the comparison is not fair. Build a "
                                "fresh model with make_model() for every run")
-        self.model_ids.add(id(model))
+        self.models.append(model)
         warmup = self._warmup_of(schedule, steps)
         if warmup in self.used:
             raise CheckFailure(f"Two of your runs used the same schedule (warm-up {warmup}). "
