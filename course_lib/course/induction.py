@@ -58,10 +58,14 @@ def induction_model(n_layers: int = 2, *, seed: int = 0, vocab_size: int = INDUC
         return DecoderLM(config)
 
 
-def _per_position_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """(B, T) cross-entropy of every position (0 where the target is -100)."""
-    return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX,
-                           reduction="none")  # (B, T)
+def _next_token_losses(model: DecoderLM, ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) cross-entropy of every position's next-token prediction (0 at the last one,
+    which has no next token); the model is put in eval mode."""
+    model.eval()
+    targets = torch.full_like(ids, IGNORE_INDEX)  # (B, T)
+    targets[:, :-1] = ids[:, 1:]
+    return F.cross_entropy(model(ids).logits.transpose(1, 2), targets,
+                           ignore_index=IGNORE_INDEX, reduction="none")  # (B, T)
 
 
 def _check_ids(ids: object) -> torch.Tensor:
@@ -85,10 +89,7 @@ def half_losses(model: DecoderLM, ids: torch.Tensor) -> tuple[float, float]:
         next token is new: at best log V) and at L..2L-2 (the next token was seen before).
     """
     seg = _check_ids(ids).shape[1] // 2
-    model.eval()
-    targets = torch.full_like(ids, IGNORE_INDEX)  # (B, 2L)
-    targets[:, :-1] = ids[:, 1:]
-    loss = _per_position_loss(model(ids).logits, targets)  # (B, 2L)
+    loss = _next_token_losses(model, ids)  # (B, 2L)
     return float(loss[:, :seg].mean()), float(loss[:, seg:-1].mean())
 
 
@@ -102,10 +103,7 @@ def first_half_losses(model: DecoderLM, ids: torch.Tensor) -> tuple[float, float
         new, at those whose token was seen before, and the share of the latter.
     """
     seg = _check_ids(ids).shape[1] // 2
-    model.eval()
-    targets = torch.full_like(ids, IGNORE_INDEX)  # (B, 2L)
-    targets[:, :-1] = ids[:, 1:]
-    loss = _per_position_loss(model(ids).logits, targets)[:, :seg]  # (B, L)
+    loss = _next_token_losses(model, ids)[:, :seg]  # (B, L)
     first = ids[:, :seg]  # (B, L)
     seen = (first[:, :, None] == first[:, None, :]).tril(-1).any(-1)  # (B, L): seen before t
     return float(loss[~seen].mean()), float(loss[seen].mean()), float(seen.float().mean())
