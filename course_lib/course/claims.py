@@ -1,0 +1,118 @@
+"""A lesson's claims about measured results, checked on the learner's own machine.
+
+A trained, sampled or timed number depends on the machine that computes it: another CPU, more
+threads, a GPU or another PyTorch version adds the same floats in another order, and a seeded
+training run lands somewhere else. The sentence next to the number must hold anyway. So a cell
+that measures something also checks what the lesson says about it, with a margin that the book
+measured over several seeds and machines:
+
+- :func:`claim` checks one sentence of the lesson ("the repeated half's loss falls below 1 nat")
+  and prints ``✓ claim holds: ...``; if this run does not bear it out, it stops the cell with a
+  message that says which claim failed and what was measured.
+- :func:`agree` checks that two computations of the same quantity agree to within rounding, and
+  prints the bound (``agree to < 1e-06``), never the digits of the rounding noise, which differ
+  from machine to machine.
+- :func:`compare_to_book` prints this run's number next to the range the book measured, so a
+  learner whose digits differ from the stored ones sees that they should.
+
+The tests run every notebook, so a change that breaks a lesson's claim fails them, and
+``python -m benchmarks.seed_sweep NOTEBOOK`` runs a notebook with other values of its ``SEED``
+and tabulates what these functions saw (each call appends one JSON line to the file named by
+the environment variable ``COURSE_CLAIMS_LOG``, when it is set).
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+
+import numpy as np
+import torch
+
+__all__ = ["ClaimError", "agree", "claim", "compare_to_book"]
+
+LOG_VARIABLE = "COURSE_CLAIMS_LOG"
+
+
+def _log(**record: object) -> None:
+    """Append ``record`` as a JSON line to the file ``COURSE_CLAIMS_LOG`` names, if any."""
+    path = os.environ.get(LOG_VARIABLE)
+    if path:
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(record) + "\n")
+
+
+class ClaimError(AssertionError):
+    """A lesson's claim that this run does not bear out."""
+
+
+def claim(statement: str, holds: bool | torch.Tensor, detail: str = "") -> None:
+    """Check one claim of the lesson on this run: print ``✓ claim holds: statement``, or stop
+    with a :class:`ClaimError` that quotes the claim and ``detail`` (what was measured).
+
+    Args:
+        statement: the claim, as the lesson states it.
+        holds: whether this run bears it out (a bool, numpy bool or one-element bool tensor).
+        detail: what was measured, shown only when the claim fails.
+    """
+    if not isinstance(statement, str) or not statement:
+        raise TypeError(f"statement must be the claim as a non-empty string, got {statement!r}")
+    if isinstance(holds, torch.Tensor):
+        if holds.numel() != 1:
+            raise ValueError(f"holds must be one truth value, got a tensor of shape "
+                             f"{tuple(holds.shape)}: reduce it with .all() or .any()")
+        holds = bool(holds)
+    if isinstance(holds, np.bool_):  # a comparison of numpy numbers
+        holds = bool(holds)
+    if not isinstance(holds, bool):
+        raise TypeError(f"holds must be True or False, got {holds!r} ({type(holds).__name__})")
+    _log(kind="claim", statement=statement, holds=holds, detail=detail)
+    if not holds:
+        measured = f" Measured on this run: {detail}." if detail else ""
+        raise ClaimError(
+            f"✗ this run does not bear out the lesson's claim: {statement}.{measured} The book "
+            "checked this claim over several seeds and machines; if it fails again on a fresh "
+            "run of the notebook (Kernel > Restart and Run All), your machine lands outside "
+            "what the book measured.")
+    print(f"✓ claim holds: {statement}")
+
+
+def agree(a: torch.Tensor | float, b: torch.Tensor | float, *, atol: float,
+          what: str = "the two") -> None:
+    """Check that two computations of one quantity agree to within ``atol`` everywhere, and
+    print ``{what} agree to < {atol}``. The bound, unlike the largest difference itself (a few
+    units of float32 rounding), is the same on every machine.
+
+    Args:
+        a, b: tensors of the same shape, or numbers.
+        atol: the largest absolute difference allowed.
+        what: the two computations, e.g. ``"ours and nn.MultiheadAttention"``.
+    """
+    if not isinstance(atol, numbers.Real) or not atol > 0:
+        raise ValueError(f"atol must be a positive number, got {atol!r}")
+    a, b = (x if isinstance(x, torch.Tensor) else torch.tensor(float(x)) for x in (a, b))
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    gap = float((a.detach().double().cpu() - b.detach().double().cpu()).abs().max()) \
+        if a.numel() else 0.0
+    _log(kind="agree", what=what, atol=atol, gap=gap)
+    if not gap < atol:  # NaN fails too
+        raise ClaimError(f"✗ {what} should agree to < {atol:g}, but differ by up to {gap:.2e}")
+    print(f"{what} agree to < {atol:g}")
+
+
+def compare_to_book(what: str, value: float | torch.Tensor, low: float, high: float, *,
+                    over: str, fmt: str = ".2f") -> None:
+    """Print this run's ``value`` next to the range ``[low, high]`` the book measured ``over``
+    (e.g. ``"5 seeds"``), and say so when the value falls outside it. It checks nothing: the
+    lesson's claims are checked by :func:`claim`, with their own margins."""
+    value = float(value)
+    if not (isinstance(low, numbers.Real) and isinstance(high, numbers.Real) and low <= high):
+        raise ValueError(f"low and high must be numbers with low <= high, got {low!r}, {high!r}")
+    _log(kind="book", what=what, value=value, low=low, high=high, over=over)
+    note = "" if low <= value <= high else (  # NaN too
+        " (outside the book's range: your machine or seed differs more than the book's did)")
+    print(f"{what}: {value:{fmt}} on this run; the book measured {low:{fmt}} to "
+          f"{high:{fmt}} over {over}{note}")
