@@ -671,7 +671,7 @@ def check_mean_pool(mean_pool_fn: Callable) -> None:
 # Exercise 8.5 (predict, then verify): what BERT's masking rule does to a batch
 
 MASKING_KEYS = ("mask_share", "changed_share", "scored_share")
-N_CHARS = 65  # the chapter's Shakespeare characters
+N_CHARS = 63  # the chapter's Shakespeare characters
 MASKING_TOL = 0.005
 
 
@@ -714,7 +714,7 @@ MASKING_MISTAKES = {
         (0.15, "changed_share: 10% of the selected positions keep their own token, so fewer "
                "than 15% of the tokens change"),
         (0.12, "changed_share: the 10% of selected positions that get a random token change "
-               "too (unless the draw happens to hit the original, 1 time in 65)"),
+               "too (unless the draw happens to hit the original, 1 time in 63)"),
         (0.8, "changed_share: that is a share among the selected positions; as a share of all "
               "positions?"),
     ],
@@ -740,7 +740,7 @@ def check_masking_predictions(predict_masking: Callable) -> None:
     got = prediction_dict(call_learner(predict_masking, Case("your predictions")),
                           MASKING_KEYS, "predict_masking")
     shares = {key: _as_share(key, got[key]) for key in MASKING_KEYS}
-    # p = 0.15; 80% [MASK], 10% a random token (the same one with chance 1/65), 10% unchanged
+    # p = 0.15; 80% [MASK], 10% a random token (the same one with chance 1/63), 10% unchanged
     expected = {"mask_share": 0.15 * 0.8, "scored_share": 0.15,
                 "changed_share": 0.15 * (0.8 + 0.1 * (1 - 1 / N_CHARS))}
     for key in MASKING_KEYS:
