@@ -971,6 +971,23 @@ def test_warmup_sweep_rejects_curves_under_the_wrong_key():
         check_warmup_sweep(swapped_keys)
 
 
+def test_warmup_sweep_judges_each_run_by_its_lowest_stretch():
+    """At the peak a run that has learned the task can lose some of it again (measured on
+    another seed: a 50-update warm-up down to 0.8, back at 2.2 by update 80). It learned, and
+    the check says so; a sweep in which no run gets 1 nat below guessing fails, and so does a
+    run without warm-up that learns."""
+    chance = math.log(ch07.WARMUP_VOCAB)
+    stall = [chance] * 80
+    wobbly = [chance] * 40 + [0.8] * 15 + [2.2] * 25
+    final, low = ch07._judge_warmup({0: stall, 5: stall, 20: stall, 50: wobbly}, (0, 5, 20, 50))
+    assert low[50] == pytest.approx(0.8) and final[50] == pytest.approx(2.2)
+    assert low[0] == pytest.approx(chance)
+    with pytest.raises(CheckFailure, match="None of your runs learned"):
+        ch07._judge_warmup({w: stall for w in (0, 5, 20, 50)}, (0, 5, 20, 50))
+    with pytest.raises(CheckFailure, match="should stall"):
+        ch07._judge_warmup({0: wobbly, 5: stall, 20: stall, 50: wobbly}, (0, 5, 20, 50))
+
+
 def test_check_warmup_grades_the_schedule_then_the_sweep(capsys):
     check_warmup(lr_at, sweep)
     out = capsys.readouterr().out

@@ -423,16 +423,19 @@ def trained():
     return model
 
 
-CIRCUIT = {"previous-token head": True, "other layer-0 head": False,
-           "both layer-1 heads": True, "stronger induction head": False}
+CIRCUIT = {"both layer-0 heads": True, "both layer-1 heads": True,
+           "stronger induction head": False, "previous-token head, values only": False}
 
 
 def test_the_measurement_shows_the_circuit_with_margins(trained):
     first, second, ablated = ch11.measure_ablations(trained)
     kept = {k: (first - v) / (first - second) for k, v in ablated.items()}
-    # measured: 12%, 102%, 3%, 69% of the 3.30-nat gain kept; the verdict threshold is 40%
-    assert kept["previous-token head"] < 0.25 and kept["both layer-1 heads"] < 0.25
-    assert kept["other layer-0 head"] > 0.9 and kept["stronger induction head"] > 0.55
+    # measured over 20 seeds of this recipe: at most 4% of the gain kept without either whole
+    # layer, 61-72% without the stronger induction head, 99-104% with the previous-token
+    # head taken out of layer 1's values; the verdict threshold is 40%
+    assert kept["both layer-0 heads"] < 0.25 and kept["both layer-1 heads"] < 0.25
+    assert kept["stronger induction head"] > 0.55
+    assert kept["previous-token head, values only"] > 0.85
 
 
 def test_ablation_prediction_accepts_the_circuit(trained, capsys):
@@ -444,9 +447,9 @@ def test_ablation_prediction_accepts_the_circuit(trained, capsys):
 
 
 @pytest.mark.parametrize(("flip", "phrase"), [
-    ("previous-token head", "The circuit needs both layers"),
+    ("both layer-0 heads", "the circuit needs both layers"),
     ("stronger induction head", "they do the same job"),
-    ("other layer-0 head", "takes no part in the circuit"),
+    ("previous-token head, values only", "KEYS need"),
     ("both layer-1 heads", "nothing reads the token after the earlier copy"),
 ])
 def test_ablation_prediction_rejects_each_wrong_verdict(trained, flip, phrase):
@@ -458,7 +461,7 @@ def test_ablation_prediction_names_learner_mistakes(trained):
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
         ch11.check_ablation_prediction(stub, trained)
     with pytest.raises(CheckFailure, match="lacks the key"):
-        ch11.check_ablation_prediction(lambda: {"previous-token head": True}, trained)
+        ch11.check_ablation_prediction(lambda: {"both layer-0 heads": True}, trained)
     with pytest.raises(CheckFailure, match="should be True .* or False"):
         ch11.check_ablation_prediction(lambda: {**CIRCUIT, "both layer-1 heads": "kills"},
                                        trained)

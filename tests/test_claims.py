@@ -75,6 +75,20 @@ def test_compare_to_book_shows_both_and_flags_a_value_outside(capsys):
         compare_to_book("x", 1.0, 2.0, 1.0, over="5 seeds")
 
 
+@pytest.mark.parametrize(("value", "fmt", "outside"), [
+    (0.1243, ".3f", False),  # printed 0.124: the range's end, as printed
+    (0.1246, ".3f", True),  # printed 0.125
+    (0.10751, ".3f", False),  # printed 0.108, the range's start
+    (0.10749, ".3f", True),  # printed 0.107
+    (0.2485, ".1%", False),  # printed 24.9%, the range 10.8% to 24.9%
+    (float("nan"), ".3f", True),
+])
+def test_compare_to_book_judges_the_value_as_printed(capsys, value, fmt, outside):
+    compare_to_book("gap", value, 0.108, 0.249 if fmt.endswith("%") else 0.124, over="5 seeds",
+                    fmt=fmt)
+    assert ("outside the book's range" in capsys.readouterr().out) is outside
+
+
 def test_every_call_is_logged_when_asked(tmp_path, monkeypatch):
     import json
 

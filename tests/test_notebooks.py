@@ -51,6 +51,20 @@ def test_notebook_structure(path):
     assert errors == [], "a stored output is an error"
 
 
+@pytest.mark.parametrize(
+    "path", LECTURES + DEEPER + SOLUTIONS, ids=_ids(LECTURES + DEEPER + SOLUTIONS)
+)
+def test_stored_runs_lie_inside_the_ranges_the_prose_gives(path):
+    """A stored run is the reader's first example: each value it sets next to the book's
+    range (course_lib.course.claims.compare_to_book) lies inside that range."""
+    nb = nbformat.read(path, as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                      for o in c.outputs if o.output_type == "stream")
+    outside = [line for line in printed.splitlines() if "outside the book's range" in line]
+    assert outside == [], "a stored value lies outside its stated range; widen the range " \
+        "with what was measured, or rerun the notebook"
+
+
 @pytest.mark.parametrize("path", SOLUTIONS, ids=_ids(SOLUTIONS))
 def test_solution_notebooks_have_graded_exercises(path):
     nb = nbformat.read(path, as_version=4)

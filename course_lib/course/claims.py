@@ -103,16 +103,28 @@ def agree(a: torch.Tensor | float, b: torch.Tensor | float, *, atol: float,
     print(f"{what} agree to < {atol:g}")
 
 
+def _as_printed(value: float, fmt: str) -> float:
+    """``value`` rounded as ``format(value, fmt)`` prints it (``"12.5%"`` -> 0.125)."""
+    text = format(value, fmt).replace(",", "").replace("_", "")
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:  # a format that does not print a plain number
+        return value
+
+
 def compare_to_book(what: str, value: float | torch.Tensor, low: float, high: float, *,
                     over: str, fmt: str = ".2f") -> None:
     """Print this run's ``value`` next to the range ``[low, high]`` the book measured ``over``
-    (e.g. ``"5 seeds"``), and say so when the value falls outside it. It checks nothing: the
+    (e.g. ``"5 seeds"``), and say so when the value, as printed, falls outside it (0.1243
+    printed with ``fmt=".3f"`` is inside a range that ends at 0.124). It checks nothing: the
     lesson's claims are checked by :func:`claim`, with their own margins."""
     value = float(value)
     if not (isinstance(low, numbers.Real) and isinstance(high, numbers.Real) and low <= high):
         raise ValueError(f"low and high must be numbers with low <= high, got {low!r}, {high!r}")
     _log(kind="book", what=what, value=value, low=low, high=high, over=over)
-    note = "" if low <= value <= high else (  # NaN too
+    # judged as printed: 0.1243 shown as 0.124 lies in a range that ends at 0.124
+    shown, low_shown, high_shown = (_as_printed(v, fmt) for v in (value, low, high))
+    note = "" if low_shown <= shown <= high_shown else (  # NaN too
         " (outside the book's range: your machine or seed differs more than the book's did)")
     print(f"{what}: {value:{fmt}} on this run; the book measured {low:{fmt}} to "
           f"{high:{fmt}} over {over}{note}")

@@ -1,7 +1,7 @@
 """The set-up cell every notebook starts with, kept in one place.
 
 In Google Colab the cell installs course_lib from the course's repository without touching
-Colab's own torch (course_lib asks only for ``torch>=2.2``, which Colab already satisfies);
+Colab's own torch (course_lib asks only for ``torch>=2.6``, which Colab already satisfies);
 anywhere else it only sets up inline plotting. While ``REPO_URL`` is still the placeholder (a
 learner opened a notebook from a copy of the repository), the cell looks in Colab for a copy
 under /content, a mounted Google Drive included (a folder holding ``course_lib/__init__.py``

@@ -1,5 +1,5 @@
 """Checks for chapter 11, inside a trained Transformer: a head's induction score computed from
-its attention pattern (11.1), a prediction of which head's ablation kills the in-context gain
+its attention pattern (11.1), a prediction of which ablations kill the in-context gain
 (11.2), then the debugging gym (11.3-11.8): six modules from :mod:`course_lib.course.gym`, each
 with one planted mistake, which the learner repairs.
 
@@ -23,7 +23,13 @@ from course_lib.attention import MultiHeadAttention, causal_mask, merge_heads, s
 from course_lib.course.divergence import first_divergence
 from course_lib.course.gym import CASES, GymCase, permutation_gap, run_cached
 from course_lib.course.induction import EVAL_SEGMENT_LEN, half_losses, head_scores
-from course_lib.course.probes import ablate_heads, future_leaks, induction_score, who_sees_whom
+from course_lib.course.probes import (
+    ablate_head_path,
+    ablate_heads,
+    future_leaks,
+    induction_score,
+    who_sees_whom,
+)
 from course_lib.tasks import repeated_segments
 
 from ._core import (
@@ -438,18 +444,19 @@ def check_induction_score(fn: Callable) -> None:
 # --------------------------------------------------------------------------------------------
 # 11.2 (predict, then verify): which ablation kills the in-context gain?
 
-ABLATIONS = ("previous-token head", "other layer-0 head", "both layer-1 heads",
-             "stronger induction head")
+ABLATIONS = ("both layer-0 heads", "both layer-1 heads", "stronger induction head",
+             "previous-token head, values only")
 _KILLS = 0.4  # an ablation "kills" the gain when the repeated half keeps less than this share
+# Measured over 20 seeds of the exercise's recipe (500 updates): the gain kept is at most 4%
+# for the two whole-layer ablations, 61% to 72% without the stronger induction head and 99%
+# to 104% with the previous-token head removed from layer 1's values, all far from 40%.
+# Single layer-0 heads are not asked about: some seeds give the previous-token job to one
+# head, others split it between both, and then either head alone kills or keeps the gain.
 
 _ABLATION_REASONS = {  # the measured verdict in words, for a learner who predicted the other one
-    ("previous-token head", True):
-        "Switching off the previous-token head kills the gain: layer 1's keys no longer say "
-        "which token came before each position, so the induction heads have nothing to match. "
-        "The circuit needs both layers",
-    ("other layer-0 head", False):
-        "The other layer-0 head has a low previous-token score: it takes no part in the "
-        "circuit, and the model keeps its gain without it",
+    ("both layer-0 heads", True):
+        "Without layer 0 no position's stream says which token came before it, so the "
+        "induction heads have nothing to match: the circuit needs both layers",
     ("both layer-1 heads", True):
         "With both layer-1 heads off nothing reads the token after the earlier copy: the "
         "repeated half is as hard as the first",
@@ -457,6 +464,10 @@ _ABLATION_REASONS = {  # the measured verdict in words, for a learner who predic
         "Both layer-1 heads score high as induction heads: they do the same job, so the model "
         "keeps most of its gain when one of them is off. A head's score says what it does, "
         "not whether the model needs it",
+    ("previous-token head, values only", False):
+        "Layer 1 copies the token B at position j, which the embeddings already hold there; "
+        "what the previous-token head wrote at j (\"A came before me\") is what layer 1's "
+        "KEYS need, to find j. Taken out of the values only, it costs nothing",
 }
 
 
@@ -468,14 +479,15 @@ def measure_ablations(model: nn.Module) -> tuple[float, float, dict[str, float]]
     first, second = half_losses(model, ids)
     prev, ind = head_scores(model, ids)  # (2, H) each
     strong_prev, strong_ind = int(prev[0].argmax()), int(ind[1].argmax())
-    heads = {"previous-token head": (0, [strong_prev]),
-             "other layer-0 head": (0, [h for h in range(prev.shape[1]) if h != strong_prev]),
+    heads = {"both layer-0 heads": (0, list(range(prev.shape[1]))),
              "both layer-1 heads": (1, list(range(ind.shape[1]))),
              "stronger induction head": (1, [strong_ind])}
     ablated = {}
     for name, (layer, chosen) in heads.items():
         with ablate_heads(model.blocks[layer].self_attn, chosen):
             ablated[name] = half_losses(model, ids)[1]
+    with ablate_head_path(model, 0, strong_prev, into_layer=1, parts="values"):
+        ablated["previous-token head, values only"] = half_losses(model, ids)[1]
     return first, second, ablated
 
 
@@ -503,11 +515,11 @@ def check_ablation_prediction(predict: Callable, model: nn.Module) -> None:
         raise CheckFailure(f"this model has no in-context gain to kill (first half {first:.2f}, "
                            f"repeated half {second:.2f}): run the training cell above first")
     kept = {name: (first - loss) / gain for name, loss in ablated.items()}
-    table = "\n".join(f"  {name:<24} {ablated[name]:>13.2f} {kept[name]:>10.0%}"
+    table = "\n".join(f"  {name:<32} {ablated[name]:>13.2f} {kept[name]:>10.0%}"
                       for name in ABLATIONS)
     table = (f"Measured on 256 repeated segments: first half {first:.2f}, repeated half "
              f"{second:.2f} (the gain, {gain:.2f} nats, is what the model learned in context).\n"
-             f"  {'switched off':<24} {'repeated half':>13} {'gain kept':>10}\n{table}")
+             f"  {'switched off':<32} {'repeated half':>13} {'gain kept':>10}\n{table}")
     wrong = [name for name in ABLATIONS if bool(got[name]) != (kept[name] < _KILLS)]
     if wrong:
         reasons = [_ABLATION_REASONS.get((name, kept[name] < _KILLS),
