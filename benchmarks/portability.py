@@ -75,7 +75,7 @@ def summary(output: str) -> tuple[int, int, list[str]]:
         found = re.findall(rf"(\d+) {word}", output.splitlines()[-1] if output else "")
         return int(found[-1]) if found else 0
 
-    failing = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
+    failing = re.findall(r"^(?:FAILED|ERROR) (\S+(?: \d+)?)", output, re.M)
     return count("passed"), count("failed") + count("error"), failing
 
 
