@@ -119,6 +119,9 @@ class DecoderConfig(TransformerConfig):
         require_choice("ffn", self.ffn, FEED_FORWARDS)
         check_heads(self.d_model, self.n_heads, self.n_kv_heads)
         require_positive_number("rope_theta", self.rope_theta)
+        if self.rope_theta != 10000.0 and self.positions != "rope":
+            raise ValueError(f"rope_theta={self.rope_theta!r} is the RoPE base, but positions="
+                             f"{self.positions!r}: set positions='rope', or leave rope_theta out")
 
 
 @dataclass(frozen=True)

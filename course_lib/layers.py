@@ -140,6 +140,7 @@ def make_norm(norm: str, d_model: int, *, eps: float = 1e-5) -> nn.Module:
     bias) or ``"rms"`` ``nn.RMSNorm`` (gain only), each with this ``eps``. The equations are
     :func:`layer_norm` and :func:`rms_norm`."""
     require_choice("norm", norm, NORMS)
+    require_positive_number("eps", eps)
     if norm == "rms":
         return nn.RMSNorm(d_model, eps=eps)
     return nn.LayerNorm(d_model, eps=eps)
@@ -187,7 +188,7 @@ class LayerNorm(nn.Module):
         check_positive_ints(d_model=d_model)
         check_bools(elementwise_affine=elementwise_affine, bias=bias)
         self.d_model = d_model
-        self.eps = eps
+        self.eps = require_positive_number("eps", eps)
         self.weight = nn.Parameter(torch.ones(d_model)) if elementwise_affine else None
         self.bias = nn.Parameter(torch.zeros(d_model)) if elementwise_affine and bias else None
 
@@ -233,7 +234,7 @@ class RMSNorm(nn.Module):
         check_positive_ints(d_model=d_model)
         check_bools(elementwise_affine=elementwise_affine)
         self.d_model = d_model
-        self.eps = eps
+        self.eps = require_positive_number("eps", eps)
         self.weight = nn.Parameter(torch.ones(d_model)) if elementwise_affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

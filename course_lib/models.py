@@ -27,6 +27,7 @@ from ._validate import (
     require_size,
     require_tensor,
     shape_of,
+    values_checked,
 )
 from .blocks import DecoderBlock, EncoderBlock, check_block_inputs
 from .cache import KVCache
@@ -481,6 +482,9 @@ def check_decoder_inputs(config: DecoderConfig, ids: object, attention_mask: obj
     if cache is not None and not isinstance(cache, KVCache):
         got = type(cache).__name__
         raise TypeError(f"past_key_values must be a course_lib.cache.KVCache or None, got {got}")
+    if cache is not None and len(cache) not in (0, config.n_layers):
+        raise ValueError(f"past_key_values holds {len(cache)} layers but this model has "
+                         f"{config.n_layers}: a cache belongs to the model that filled it")
     n_past = 0 if cache is None else cache.get_seq_length()
     check_sequence(config, ids, attention_mask, n_past=n_past)
     if n_past and attention_mask is None and config.pad_id is not None:
@@ -496,3 +500,7 @@ def check_targets(logits: torch.Tensor, targets: object) -> None:
     if targets.shape != logits.shape[:-1]:
         expected = tuple(logits.shape[:-1])  # the logits' (B, T)
         raise ValueError(f"targets has shape {shape_of(targets)}; expected {expected}")
+    if values_checked(targets) and bool((targets == IGNORE_INDEX).all()):
+        raise ValueError(f"every target is {IGNORE_INDEX} (not scored): there is nothing to "
+                         "predict and the loss would be NaN; with mask_tokens on a short batch, "
+                         "draw the masks again or use a longer batch")

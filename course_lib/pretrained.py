@@ -34,6 +34,7 @@ from ._validate import (
     require_floating,
     require_int,
     require_ndim,
+    require_bool,
     require_padding_mask,
     require_positive_number,
     shape_of,
@@ -329,6 +330,12 @@ def load_llama_weights(model: DecoderLM, tensors: Mapping[str, torch.Tensor], *,
     skipped = sorted(n for n in tensors if n.endswith("rotary_emb.inv_freq")
                      or (config.tie_embeddings and n == "lm_head.weight"))
     problems = _llama_problems(params, tensors, table, skipped)
+    head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+    if config.tie_embeddings and head is not None and embedding is not None and not (
+            head.shape == embedding.shape and torch.equal(head, embedding)):
+        problems.append("the model ties its output layer to the token embeddings, but the "
+                        "checkpoint's lm_head.weight differs from model.embed_tokens.weight: build "
+                        "the model with tie_embeddings=False (config.json: tie_word_embeddings)")
     if problems:
         raise ValueError(f"cannot load {source} into the decoder: {'; '.join(problems)}")
     n_kv_heads = config.n_kv_heads or config.n_heads
@@ -361,6 +368,9 @@ def _llama_problems(params: Mapping[str, torch.Tensor], tensors: Mapping[str, to
             got = [tuple(tensors[name].shape) for name in theirs]
             if got != expected:
                 problems.append(f"{_list(theirs)} have shapes {got}; {ours} needs {expected}")
+    not_float = sorted(name for name in used & set(tensors) if not tensors[name].is_floating_point())
+    if not_float:
+        problems.append(f"tensors that are not floating point: {_list(not_float)}")
     return problems
 
 
@@ -466,6 +476,7 @@ def check_llama_config(config: object, source: str) -> None:
     for key in LLAMA_SIZES:
         require_int(f"{source}: {key!r}", config.get(key), minimum=1)
     require_positive_number(f"{source}: 'rms_norm_eps'", config.get("rms_norm_eps"))
+    require_bool(f"{source}: 'tie_word_embeddings'", config.get("tie_word_embeddings", False))
     given = {**config, **(config.get("rope_scaling") or {}),
              **(config.get("rope_parameters") or {})}  # rope_type and rope_theta, as in v5
     head_dim = config["hidden_size"] // config["num_attention_heads"]

@@ -104,6 +104,7 @@ def lr_schedule(
         The learning rate, a float.
     """
     check_schedule(lr, min_lr, warmup_iters, decay_iters, "decay_iters")
+    require_int("step", step, minimum=0)
     if step < warmup_iters:
         return lr * (step + 1) / warmup_iters
     if step >= decay_iters - 1:

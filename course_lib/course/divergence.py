@@ -362,7 +362,10 @@ def first_divergence(
                 f"the reference's {ref_name} outputs NaN or inf (the candidate's {cand_name} "
                 f"{also}): {_nan_source(reference, ref_name, ref_calls[ref_name], compare)}. "
                 "The reference must compute finite numbers to be compared against")
-        diff, tol = compare.gap(cand_calls[cand_name].out, ref_calls[ref_name].out)
+        cand_out, ref_out = cand_calls[cand_name].out, ref_calls[ref_name].out
+        if not compared:  # models of other sizes differ from the first module on
+            _require_same_sizes(cand_name, ref_name, cand_out, ref_out)
+        diff, tol = compare.gap(cand_out, ref_out)
         compared.append((cand_name, ref_name, diff))
         if diff > tol:
             scene = _Scene(reference, candidate, ref_calls, cand_calls, compare,
@@ -377,6 +380,16 @@ def first_divergence(
             "a model has no submodules (the locator compares submodules)"
         )
     return DivergenceReport(compared, None, unmatched)
+
+
+def _require_same_sizes(cand_name: str, ref_name: str, cand_out: Any, ref_out: Any) -> None:
+    if (isinstance(cand_out, torch.Tensor) and isinstance(ref_out, torch.Tensor)
+            and cand_out.shape != ref_out.shape):
+        raise ValueError(
+            f"the models cannot be compared: the first paired modules, {cand_name} (candidate) "
+            f"and {ref_name} (reference), output shapes {tuple(cand_out.shape)} and "
+            f"{tuple(ref_out.shape)}. Build the candidate with the reference's sizes (d_model, "
+            "vocabulary, ...)")
 
 
 @contextlib.contextmanager

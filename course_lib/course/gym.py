@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._validate import require_finite, require_floating, require_int, require_ndim
 from ..attention import MultiHeadAttention, causal_mask
 from ..blocks import DecoderBlock
 from ..cache import LayerKVCache
@@ -220,7 +221,19 @@ def permutation_gap(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     |fn(x[:, perm]) - fn(x)[:, perm]| for a random permutation of the T positions. A layer
     with no positions and no mask gives rounding noise (about 1e-7); a layer that mixes up
     positions gives a difference of the size of its outputs."""
-    gen = torch.Generator().manual_seed(seed)
+    require_floating("x", require_ndim("x", x, (3,), "(B, T, D): add a batch dimension, x[None]"))
+    require_finite("x", x, "a NaN would hide any difference")
+    if x.shape[1] < 2:
+        raise ValueError(f"x has T = {x.shape[1]} position: a permutation needs two or more")
+    gen = torch.Generator().manual_seed(require_int("seed", seed))
     perm = torch.randperm(x.shape[1], generator=gen)  # (T,)
+    if bool((perm == torch.arange(x.shape[1])).all()):  # the identity tests nothing
+        perm = perm.roll(1)
     with torch.no_grad():
-        return float((fn(x[:, perm]) - fn(x)[:, perm]).abs().max())
+        out, moved = fn(x), fn(x[:, perm])
+    if not (isinstance(out, torch.Tensor) and out.shape == moved.shape
+            and out.dim() >= 2 and out.shape[:2] == x.shape[:2]):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"fn must return a (B, T, ...) tensor with x's B and T "
+                         f"{tuple(x.shape[:2])}, got {got}")
+    return float((moved - out[:, perm]).abs().max())

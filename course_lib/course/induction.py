@@ -69,9 +69,10 @@ def _next_token_losses(model: DecoderLM, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _check_ids(ids: object) -> torch.Tensor:
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] % 2:
+    if (not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] % 2
+            or ids.shape[1] < 4 or ids.shape[0] == 0):
         got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise ValueError(f"ids should be (B, 2L) repeated segments (e.g. "
+        raise ValueError(f"ids should be (B, 2L) repeated segments with B >= 1 and L >= 2 (e.g. "
                          f"repeated_segments(...).inputs), got {got}")
     return ids
 

@@ -50,6 +50,7 @@ from .._validate import (
     shape_of,
 )
 from ..attention import MultiHeadAttention
+from .divergence import _require_deterministic
 
 Probed = Callable[[torch.Tensor], torch.Tensor]
 
@@ -859,6 +860,8 @@ def ablate_head_path(
                          "layers read")
     chosen = _check_heads_to_ablate(blocks[layer].self_attn, [head])[0]
     parts = [parts] if isinstance(parts, str) else list(parts)
+    if not parts:
+        raise ValueError(f"parts is empty: nothing would be ablated; choose from {PATH_PARTS}")
     for part in parts:
         if part not in PATH_PARTS:
             raise ValueError(f"parts must be among {PATH_PARTS}, got {part!r}")
@@ -918,6 +921,7 @@ def logit_lens(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     if not hasattr(model, "lm_head"):
         raise TypeError(f"model must be a language model with an lm_head (a DecoderLM), got "
                         f"{type(model).__name__}")
+    _require_deterministic("model", model)
     streams: list[torch.Tensor] = []
     hooks = [model.embeddings.register_forward_hook(lambda m, a, out: streams.append(out))]
     hooks += [b.register_forward_hook(lambda m, a, out: streams.append(out[0])) for b in blocks]

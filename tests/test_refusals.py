@@ -1,0 +1,126 @@
+"""Calls that used to return a wrong result without a word, or a false all-clear: each now
+stops with a message that names the problem (one test per kind of mistake)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib import DecoderConfig, DecoderLM
+from course_lib.cache import KVCache
+from course_lib.course.divergence import first_divergence
+from course_lib.course.induction import half_losses
+from course_lib.course.probes import ablate_head_path, logit_lens
+from course_lib.layers import LayerNorm, RMSNorm, make_norm
+from course_lib.models import MaskedLM
+from course_lib.configs import EncoderConfig
+from course_lib.pretrained import config_from_llama, load_llama_weights
+from course_lib.train import lr_schedule
+
+
+def decoder(n_layers=1, d_model=16, **kwargs):
+    torch.manual_seed(0)
+    return DecoderLM(DecoderConfig(vocab_size=10, d_model=d_model, n_heads=2, n_layers=n_layers,
+                                   max_len=16, **kwargs)).eval()
+
+
+def ids(b=1, t=4):
+    return torch.zeros(b, t, dtype=torch.long)
+
+
+def test_a_cache_filled_by_a_model_of_other_depth_is_refused():
+    cache = KVCache()
+    decoder(n_layers=2)(ids(), past_key_values=cache)
+    with pytest.raises(ValueError, match="past_key_values holds 2 layers but this model has 1"):
+        decoder(n_layers=1)(ids(t=1), past_key_values=cache)
+
+
+def test_a_loss_with_nothing_to_predict_says_so_instead_of_nan():
+    model = MaskedLM(EncoderConfig(vocab_size=10, d_model=16, n_heads=2, n_layers=1, max_len=16))
+    with pytest.raises(ValueError, match="nothing to predict"):
+        model(ids(), targets=torch.full((1, 4), -100))
+    with pytest.raises(ValueError, match="nothing to predict"):
+        decoder()(ids(), targets=torch.full((1, 4), -100))
+
+
+@pytest.mark.parametrize("eps", [0, -1e-5, float("nan"), "1e-5"])
+@pytest.mark.parametrize("build", [lambda eps: LayerNorm(8, eps=eps),
+                                   lambda eps: RMSNorm(8, eps=eps),
+                                   lambda eps: make_norm("layer", 8, eps=eps),
+                                   lambda eps: make_norm("rms", 8, eps=eps)])
+def test_norms_refuse_an_eps_that_is_not_a_positive_number(build, eps):
+    with pytest.raises((ValueError, TypeError), match="eps must be a number > 0"):
+        build(eps)
+
+
+def test_rope_theta_without_rope_and_a_negative_step_are_refused():
+    with pytest.raises(ValueError, match="rope_theta=500000.0 is the RoPE base"):
+        DecoderConfig(vocab_size=10, d_model=16, n_heads=2, n_layers=1, max_len=16,
+                      rope_theta=500000.0)
+    with pytest.raises(ValueError, match="step must be an integer >= 0"):
+        lr_schedule(-1, lr=1e-3, min_lr=1e-4, warmup_iters=2, decay_iters=10)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16,
+        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return config.to_dict(), transformers.LlamaForCausalLM(config).state_dict()
+
+
+def test_a_checkpoint_that_does_not_fit_is_not_loaded_in_part(llama):
+    config, state = llama
+    tied = DecoderLM(config_from_llama({**config, "tie_word_embeddings": True}))
+    with pytest.raises(ValueError, match="lm_head.weight differs from model.embed_tokens"):
+        load_llama_weights(tied, state)
+    model = DecoderLM(config_from_llama(config))
+    before = model.final_norm.weight.clone()
+    with pytest.raises(ValueError, match="not floating point: 'model.norm.weight'"):
+        load_llama_weights(model, {**state, "model.norm.weight": torch.ones(16, dtype=torch.long)})
+    assert torch.equal(model.final_norm.weight, before), "nothing is written before the checks"
+    assert load_llama_weights(model, state) == []
+
+
+def test_a_config_with_a_string_for_a_boolean_is_refused(llama):
+    config, _ = llama
+    with pytest.raises(TypeError, match="'tie_word_embeddings' must be True or False"):
+        config_from_llama({**config, "tie_word_embeddings": "false"})
+
+
+def test_instruments_refuse_what_they_cannot_measure():
+    model = decoder(n_layers=2, dropout=0.1)
+    with pytest.raises(ValueError, match="parts is empty"):
+        with ablate_head_path(model, 0, 0, into_layer=1, parts=[]):
+            pass
+    with pytest.raises(ValueError, match="training mode and has dropout"):
+        logit_lens(model.train(), ids())
+    assert logit_lens(model.eval(), ids()).shape == (3, 1, 4, 10)
+    with pytest.raises(ValueError, match="L >= 2"):
+        half_losses(model, ids(b=2, t=2))  # segments of one token: no second half to score
+    with pytest.raises(ValueError, match="B >= 1"):
+        half_losses(model, ids(b=0, t=8))
+
+
+def test_models_of_other_sizes_are_not_compared_module_by_module():
+    small, large = decoder(d_model=16), decoder(d_model=32)
+    with pytest.raises(ValueError, match="cannot be compared.*shapes"):
+        first_divergence(small, large, lambda model: model(ids()))
+
+
+@pytest.mark.parametrize(("x", "kwargs", "message"), [
+    (torch.randn(5, 4), {}, r"\(B, T, D\): add a batch dimension"),  # would permute features
+    (torch.randn(2, 1, 4), {}, "a permutation needs two or more"),  # nothing can move: gap 0
+    (torch.tensor([[[float("nan")], [1.0]]]), {}, "NaN would hide any difference"),
+    (torch.randn(1, 3, 4), {"seed": 1.5}, "seed must be an integer"),
+])
+def test_the_permutation_gap_refuses_inputs_it_cannot_judge(x, kwargs, message):
+    from course_lib.course.gym import permutation_gap
+
+    with pytest.raises((ValueError, TypeError), match=message):
+        permutation_gap(lambda h: 2 * h, x, **kwargs)
+    with pytest.raises(ValueError, match="fn must return a \\(B, T, ...\\) tensor"):
+        permutation_gap(lambda h: h[:, :-1], torch.randn(1, 3, 4))  # drops a position
