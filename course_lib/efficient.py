@@ -158,6 +158,9 @@ def online_softmax_stats(blocks: Iterable[torch.Tensor]) -> tuple[torch.Tensor, 
     Returns:
         ``(row_max, row_sum)``, each (...).
     """
+    if isinstance(blocks, torch.Tensor):  # iterating it would take its rows for blocks
+        raise TypeError("blocks must be the row's pieces, a list of tensors, got one tensor "
+                        f"{shape_of(blocks)}: split it, e.g. list(x.split(4, dim=-1))")
     row_max = row_sum = None
     for i, block in enumerate(blocks):
         _check_block(i, block, row_max)
@@ -375,3 +378,6 @@ def _check_low_rank(q, k, v, proj_k, proj_v, scale) -> None:
         expected = (proj_k.shape[0], k.shape[-2])  # R from proj_k, S from k
         if proj.shape != expected:
             raise ValueError(f"{name} has shape {shape_of(proj)}; expected (R, S) = {expected}")
+    if proj_k.shape[0] > k.shape[-2]:  # R > S: more summaries than keys, nothing saved
+        raise ValueError(f"proj_k projects S = {k.shape[-2]} keys onto R = {proj_k.shape[0]} > S "
+                         "rows: a low-rank projection needs R <= S")

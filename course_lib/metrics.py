@@ -14,6 +14,7 @@ from ._validate import (
     require_ndim,
     require_tensor,
     shape_of,
+    values_checked,
 )
 from .tokenizer import IGNORE_INDEX
 
@@ -55,6 +56,10 @@ def alignment_score(weights: torch.Tensor, alignment: torch.Tensor) -> float:
     require_finite("weights", require_tensor("weights", weights), "an argmax of NaN is no peak")
     peaks = weights.argmax(dim=-1)  # (..., T): the source position each query attends most
     check_scored(peaks, alignment, names=("weights.argmax(-1)", "alignment"))
+    gold = alignment[alignment != IGNORE_INDEX]
+    if values_checked(gold) and bool(((gold < 0) | (gold >= weights.shape[-1])).any()):
+        raise ValueError(f"alignment holds source positions outside 0..{weights.shape[-1] - 1} "
+                         f"(weights have S = {weights.shape[-1]} keys): got {gold.tolist()[:8]}")
     with inputs_checked():
         return token_accuracy(peaks, alignment)
 

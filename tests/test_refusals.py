@@ -124,3 +124,18 @@ def test_the_permutation_gap_refuses_inputs_it_cannot_judge(x, kwargs, message):
         permutation_gap(lambda h: 2 * h, x, **kwargs)
     with pytest.raises(ValueError, match="fn must return a \\(B, T, ...\\) tensor"):
         permutation_gap(lambda h: h[:, :-1], torch.randn(1, 3, 4))  # drops a position
+
+
+def test_attention_variants_and_metrics_refuse_what_they_would_get_wrong():
+    from course_lib.efficient import low_rank_attention, online_softmax_stats
+    from course_lib.metrics import alignment_score
+
+    q = k = v = torch.randn(1, 1, 8, 4)  # (B, H, S, Dh)
+    with pytest.raises(ValueError, match="needs R <= S"):
+        low_rank_attention(q, k, v, torch.randn(32, 8), torch.randn(32, 8))
+    with pytest.raises(TypeError, match="a list of tensors, got one tensor"):
+        online_softmax_stats(torch.randn(3, 4))  # its rows would be taken for blocks
+    weights = torch.softmax(torch.randn(2, 4), dim=-1)  # (T, S) with S = 4 keys
+    with pytest.raises(ValueError, match="outside 0..3"):
+        alignment_score(weights, torch.tensor([0, 4]))  # 4 is no key: it would score 0.0
+    assert alignment_score(weights, weights.argmax(-1)) == 1.0
