@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import require_non_negative_int, shape_of
+from ._validate import require_ndim, require_non_negative_int, shape_of
 
 
 class LayerKVCache:
@@ -36,6 +36,11 @@ class LayerKVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys and values, (B, H, T, Dh) each; return every position's,
         (B, H, S + T, Dh) each: what the new queries attend to."""
+        for name, states in (("key_states", key_states), ("value_states", value_states)):
+            require_ndim(name, states, (4,), "(B, H, T, Dh): split the heads before caching")
+        if key_states.shape[:3] != value_states.shape[:3]:
+            raise ValueError(f"key_states {shape_of(key_states)} and value_states "
+                             f"{shape_of(value_states)} must share (B, H, T)")
         if self.keys is None:
             self.keys, self.values = key_states, value_states
             return self.keys, self.values

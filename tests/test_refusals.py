@@ -139,3 +139,15 @@ def test_attention_variants_and_metrics_refuse_what_they_would_get_wrong():
     with pytest.raises(ValueError, match="outside 0..3"):
         alignment_score(weights, torch.tensor([0, 4]))  # 4 is no key: it would score 0.0
     assert alignment_score(weights, weights.argmax(-1)) == 1.0
+
+
+def test_a_layer_cache_refuses_keys_whose_heads_are_not_split():
+    from course_lib.cache import LayerKVCache
+
+    cache = LayerKVCache()
+    with pytest.raises(ValueError, match="split the heads before caching"):
+        cache.update(torch.randn(1, 3, 8), torch.randn(1, 3, 8))  # (B, T, D): stored as is before
+    with pytest.raises(ValueError, match="must share"):
+        cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4))
+    keys, values = cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+    assert keys.shape == values.shape == (1, 2, 3, 4) and cache.get_seq_length() == 3
