@@ -31,10 +31,10 @@ from ._validate import (
     check_bools,
     check_positive_ints,
     checks_wanted,
+    require_bool,
     require_floating,
     require_int,
     require_ndim,
-    require_bool,
     require_padding_mask,
     require_positive_number,
     shape_of,
@@ -368,7 +368,8 @@ def _llama_problems(params: Mapping[str, torch.Tensor], tensors: Mapping[str, to
             got = [tuple(tensors[name].shape) for name in theirs]
             if got != expected:
                 problems.append(f"{_list(theirs)} have shapes {got}; {ours} needs {expected}")
-    not_float = sorted(name for name in used & set(tensors) if not tensors[name].is_floating_point())
+    not_float = sorted(name for name in used & set(tensors)
+                       if not tensors[name].is_floating_point())
     if not_float:
         problems.append(f"tensors that are not floating point: {_list(not_float)}")
     return problems

@@ -42,16 +42,27 @@ def test_encoder_block_matches_torch(device, norm_first, activation):
     ours, ref = ours.to(device), ref.to(device)
     x = torch.randn(3, 7, D, device=device)
     keep = padding_mask([7, 5, 2], device=device)
+    # On CUDA the fast path of nn.TransformerEncoderLayer fuses GELU into cuBLAS's matrix product,
+    # which computes the tanh approximation (off by up to 3e-4): compare with the layer's exact
+    # path there, as documented. Everywhere else the fast path is compared.
+    exact_gelu = device.type == "cuda" and activation == "gelu"
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(fast_path and not exact_gelu)
+    try:
+        with torch.no_grad():
+            ref_out = ref(x, src_key_padding_mask=~keep)
+            ref_unmasked = ref(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
     with torch.no_grad():
-        ref_out = ref(x, src_key_padding_mask=~keep)
         out, weights = ours(x, attention_mask=keep, return_weights=True)
         fused, _ = ours(x, attention_mask=keep)
+        unmasked = ours(x)[0]
     # PyTorch's fast path fills padded *query* rows with zeros; compare the real tokens.
     torch.testing.assert_close(out[keep], ref_out[keep], **TOL)
     torch.testing.assert_close(fused[keep], ref_out[keep], **TOL)
     assert weights.shape == (3, H, 7, 7)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(x)[0], ref(x), **TOL)
+    torch.testing.assert_close(unmasked, ref_unmasked, **TOL)
 
 
 def _decoder_pair(norm_first: bool):

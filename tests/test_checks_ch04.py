@@ -37,13 +37,20 @@ RIGHT = {"V_star_shape": (16, 16), "V_star_rank": 4, "out_rank": 4}
 
 @pytest.mark.parametrize("answer", [
     RIGHT,
-    {"V_star_shape": torch.Size([16, 16]), "V_star_rank": np.int64(4), "out_rank": 4.0},
-    {"out_rank": torch.tensor(4), "V_star_rank": 4, "V_star_shape": [16, 16]},
+    {"V_star_shape": torch.Size([16, 16]), "V_star_rank": np.int64(4), "out_rank": 4},
+    {"out_rank": np.int32(4), "V_star_rank": 4, "V_star_shape": [16, 16]},
 ])
 def test_collapse_prediction_accepts_right_answers(answer, capsys):
     check_collapse_prediction(lambda: answer)
     out = capsys.readouterr().out
     assert "predictions are right" in out and "V_star_rank: 4" in out
+
+
+@pytest.mark.parametrize("rank, match", [(4.0, r"out_rank should be a whole number.*int\(\.\.\.\)"),
+                                         (torch.tensor(4), r"out_rank should be.*\.item\(\)")])
+def test_collapse_prediction_refuses_ranks_that_are_not_ints(rank, match):
+    with pytest.raises(CheckFailure, match=match):
+        check_collapse_prediction(lambda: {**RIGHT, "out_rank": rank})
 
 
 COLLAPSE_WRONG = {

@@ -311,12 +311,19 @@ def count_with_modules(config):
 
 
 @pytest.mark.parametrize("fn", [count_by_formula, count_with_modules,
-                                lambda c: float(count_by_formula(c)),
-                                lambda c: torch.tensor(count_by_formula(c)),
                                 lambda c: np.int64(count_by_formula(c))])  # numpy integers too
 def test_gpt2_parameter_count_accepts_correct_answers(fn, capsys):
     check_gpt2_parameter_count(fn)
     assert "gpt2_parameter_count is correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, match", [
+    (lambda c: float(count_by_formula(c)), r"return an int.*int\(\.\.\.\) makes it an int"),
+    (lambda c: torch.tensor(count_by_formula(c)), r"return an int.*\.item\(\)"),
+])  # the one rule for counts in every check: a whole float or a tensor is not an int
+def test_gpt2_parameter_count_refuses_a_count_that_is_not_an_int(fn, match):
+    with pytest.raises(CheckFailure, match=match):
+        check_gpt2_parameter_count(fn)
 
 
 def _count_wrong(**changes):

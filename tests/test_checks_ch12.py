@@ -3,6 +3,7 @@ mistake, accept every correct formulation, and let an unsolved stub fail as itse
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -114,8 +115,7 @@ def test_expand_kv_names_the_mistake(wrong, match):
 RIGHT = {"bytes_per_token": 131_072, "bytes_for_the_batch": 4 * 2**30}
 
 
-@pytest.mark.parametrize("answer", [RIGHT, {k: float(v) for k, v in RIGHT.items()},
-                                    {k: torch.tensor(v) for k, v in RIGHT.items()},
+@pytest.mark.parametrize("answer", [RIGHT, {k: np.int64(v) for k, v in RIGHT.items()},
                                     {"bytes_per_token": 2 * 32 * 8 * 128 * 2,
                                      "bytes_for_the_batch": 2 * 32 * 8 * 128 * 2 * 8192 * 4}])
 def test_the_kv_prediction_accepts_the_right_numbers_and_shows_the_measurement(answer, capsys):
@@ -155,7 +155,9 @@ def test_the_kv_prediction_names_the_batch_mistake(batch, match):
 @pytest.mark.parametrize("answer, match", [
     (131_072, "should return a dict"),
     ({"bytes_per_token": 131_072}, "lacks the key"),
-    ({"bytes_per_token": 1.5, "bytes_for_the_batch": 1}, "whole number of bytes"),
+    ({"bytes_per_token": 1.5, "bytes_for_the_batch": 1}, "'bytes_per_token' should be a whole"),
+    ({k: float(v) for k, v in RIGHT.items()}, r"return an int.*int\(\.\.\.\)"),
+    ({k: torch.tensor(v) for k, v in RIGHT.items()}, r"return an int.*\.item\(\)"),
 ])
 def test_the_kv_prediction_rejects_malformed_answers(answer, match):
     with pytest.raises(CheckFailure, match=match):

@@ -8,12 +8,12 @@ import torch
 
 from course_lib import DecoderConfig, DecoderLM
 from course_lib.cache import KVCache
+from course_lib.configs import EncoderConfig
 from course_lib.course.divergence import first_divergence
 from course_lib.course.induction import half_losses
 from course_lib.course.probes import ablate_head_path, logit_lens
 from course_lib.layers import LayerNorm, RMSNorm, make_norm
 from course_lib.models import MaskedLM
-from course_lib.configs import EncoderConfig
 from course_lib.pretrained import config_from_llama, load_llama_weights
 from course_lib.train import lr_schedule
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 ATOL = 1e-5
@@ -64,18 +65,36 @@ class Misconception:
     message: str
 
 
-def as_int(value: object) -> int | None:
-    """A learner's count as an int: Python and numpy integers, whole floats and one-element
-    tensors are accepted; anything else (bools included) gives None."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
-        value = value.item()
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real) and float(value).is_integer():
-        return int(value)
-    return None
+def _number_type_error(value: Any, what: str, kind: str, case: Case | None) -> CheckFailure:
+    extra = ""
+    if isinstance(value, torch.Tensor):
+        extra = " (a tensor: turn it into a Python number with .item())"
+    elif kind == "an int" and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        extra = f" ({value!r}: int(...) makes it an int)"
+    elif kind == "a float" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        extra = f" ({value!r}: float(...) makes it a float)"
+    where = f" (case '{case.name}')" if case is not None else ""
+    noun = "a whole number" if kind == "an int" else "a number"
+    return CheckFailure(f"{what} should be {noun}: return {kind}, but your function returned "
+                        f"{describe(value)}{extra}{where}")
+
+
+def require_count(value: Any, what: str, case: Case | None = None) -> int:
+    """The one rule for a count (a rank, a number of parameters, bytes, ...): a Python int or a
+    numpy integer. Floats (whole ones too), bools and tensors are refused, with a message that
+    says how to convert them, in every check alike."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+        raise _number_type_error(value, what, "an int", case)
+    return int(value)
+
+
+def require_real(value: Any, what: str, case: Case | None = None) -> float:
+    """The one rule for a real number (a loss, a ratio, a score, ...): a Python float or a numpy
+    floating scalar. Ints, bools and tensors (0-d ones too) are refused, with a message that
+    says how to convert them, in every check alike."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, float | np.floating):
+        raise _number_type_error(value, what, "a float", case)
+    return float(value)
 
 
 def describe(value: Any) -> str:

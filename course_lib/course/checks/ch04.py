@@ -13,6 +13,7 @@ Exercises:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +24,14 @@ from course_lib.attention import softmax
 from course_lib.course.probes import who_sees_whom
 from course_lib.layers import FeedForward
 
-from ._core import Case, CheckFailure, as_int, call_learner, describe, prediction_dict
+from ._core import (
+    Case,
+    CheckFailure,
+    call_learner,
+    describe,
+    prediction_dict,
+    require_count,
+)
 
 # --------------------------------------------------------------------------------------------
 # Exercise 4.1: predict the shape and rank of the collapsed value path
@@ -52,8 +60,9 @@ def _measure_collapse(seed: int = 0) -> dict[str, Any]:
 def _as_shape(value: object) -> tuple[int, ...] | None:
     if isinstance(value, torch.Size):
         return tuple(value)
-    if isinstance(value, (tuple, list)) and all(as_int(v) is not None for v in value):
-        return tuple(as_int(v) for v in value)
+    if isinstance(value, (tuple, list)) and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
+        return tuple(int(v) for v in value)
     return None
 
 
@@ -70,10 +79,7 @@ def check_collapse_prediction(predict_collapse: Callable) -> None:
     if shape is None:
         raise CheckFailure(f"V_star_shape should be a tuple of two ints such as (3, 5), got "
                            f"{got['V_star_shape']!r}")
-    ranks = {k: as_int(got[k]) for k in ("V_star_rank", "out_rank")}
-    for key, value in ranks.items():
-        if value is None:
-            raise CheckFailure(f"{key} should be a whole number (an int), got {got[key]!r}")
+    ranks = {k: require_count(got[k], k) for k in ("V_star_rank", "out_rank")}
     if shape == (SQUEEZE, SQUEEZE):
         raise CheckFailure(
             "V_star_shape: you multiplied in the wrong order. A token meets V1 first, then V2, "

@@ -30,11 +30,11 @@ from ._core import (
     Case,
     CheckFailure,
     Misconception,
-    as_int,
     call_learner,
     compare_tensors,
     prediction_dict,
     rand,
+    require_count,
     run_cases,
 )
 
@@ -540,10 +540,7 @@ def check_gpt2_parameter_count(gpt2_parameter_count: Callable) -> None:
     counts = []
     for case in cases:  # every answer first: a mistake must explain all of them
         got = call_learner(gpt2_parameter_count, case)
-        count = as_int(got)
-        if count is None:
-            raise CheckFailure(f"gpt2_parameter_count should return a whole number (an int), "
-                               f"got {got!r} (case '{case.name}')")
+        count = require_count(got, "gpt2_parameter_count's result", case)
         counts.append(count)
     expected = [reference_gpt2_parameter_count(c.args[0]) for c in cases]
     if counts == expected:

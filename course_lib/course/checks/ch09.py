@@ -11,7 +11,6 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,27 +30,10 @@ from ._core import (
     compare_tensors,
     describe,
     rand,
+    require_count,
+    require_real,
     run_cases,
 )
-
-
-def _require_count(value: Any, what: str) -> int:
-    """A count is a Python int or a numpy integer: floats, bools and tensors are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise CheckFailure(f"{what} should be a whole number: return an int, but your function "
-                           f"returned {describe(value)}" + (f" ({value!r})" if isinstance(
-                               value, float) else ""))
-    return int(value)
-
-
-def _require_real(value: Any, what: str, case: Case) -> float:
-    """A real-valued answer is a Python float or a numpy floating: tensors are refused."""
-    if isinstance(value, bool) or not isinstance(value, (float, np.floating)):
-        extra = (" (a tensor: turn it into a Python number with .item())"
-                 if isinstance(value, torch.Tensor) else "")
-        raise CheckFailure(f"{what} should be a number: return a float, but your function "
-                           f"returned {describe(value)}{extra} (case '{case.name}')")
-    return float(value)
 
 # --------------------------------------------------------------------------------------------
 # Exercise 9.1: next_token_loss(logits, ids)
@@ -616,7 +598,7 @@ def check_alignment_score(alignment_score_fn: Callable) -> None:
         expected = alignment_score(*case.args)
         if isinstance(got, numbers.Integral) and not isinstance(got, bool):
             _name_alignment_mistake(float(got), expected, case)  # e.g. the count of hits
-        got = _require_real(got, "Your score", case)
+        got = require_real(got, "Your score", case)
         if math.isclose(got, expected, abs_tol=1e-6):
             return
         _name_alignment_mistake(got, expected, case)
@@ -796,7 +778,7 @@ def check_kv_cache_bytes(predict_bytes_per_token: Callable) -> None:
         predict_bytes_per_token: the learner's function, no arguments.
     """
     case = Case("DecoderConfig(d_model=96, n_heads=6, n_layers=3), float32, batch 1")
-    got = _require_count(call_learner(predict_bytes_per_token, case),
+    got = require_count(call_learner(predict_bytes_per_token, case),
                          "Your prediction (a number of bytes)")
     measured = measure_cache_bytes_per_token()
     c = CACHE_CONFIG

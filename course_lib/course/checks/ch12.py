@@ -25,11 +25,11 @@ from ._core import (
     Case,
     CheckFailure,
     Misconception,
-    as_int,
     call_learner,
     compare_tensors,
     prediction_dict,
     rand,
+    require_count,
     run_cases,
 )
 
@@ -238,11 +238,7 @@ def check_kv_cache_prediction(kv_cache_prediction_fn: Callable) -> None:
                           "kv_cache_prediction")
     expected = {"bytes_per_token": _per_token()}
     expected["bytes_for_the_batch"] = expected["bytes_per_token"] * CONTEXT * BATCH
-    values = {key: as_int(got[key]) for key in KV_KEYS}
-    for key in KV_KEYS:
-        if values[key] is None:
-            raise CheckFailure(f"'{key}' should be a whole number of bytes (an int), got "
-                               f"{got[key]!r}")
+    values = {key: require_count(got[key], f"'{key}'") for key in KV_KEYS}
     per_token = values["bytes_per_token"]
     if per_token != expected["bytes_per_token"]:
         named = _named(PER_TOKEN_MISTAKES, per_token)
