@@ -31,7 +31,7 @@ class FakeClockCalls:
         self.durations = list(durations)
         self.calls = 0
         self.now = 0.0
-        self.clock = SimpleNamespace(perf_counter=lambda: self.now)
+        self.clock = SimpleNamespace(perf_counter=lambda: self.now, thread_time=lambda: self.now)
 
     def __call__(self):
         self.now += self.durations[self.calls % len(self.durations)]
@@ -61,6 +61,17 @@ def test_the_untimed_first_call_is_left_out(timed):
 def test_takes_the_fastest_measurement(timed):
     fn = timed([0.0, 0.06, 0.02, 0.09])  # warm-up, then three measurements
     assert best_time(fn, repeat=3) == pytest.approx(0.02)
+
+
+def test_the_thread_clock_is_read_the_same_way(timed, monkeypatch):
+    fn = timed([0.0, 0.06, 0.02, 0.09])
+    monkeypatch.setattr(fn.clock, "perf_counter", lambda: pytest.fail("the wall clock was read"))
+    assert best_time(fn, repeat=3, clock="thread") == pytest.approx(0.02)
+
+
+def test_an_unknown_clock_is_refused():
+    with pytest.raises(ValueError, match=r"clock must be one of \['thread', 'wall'\], got 'cpu'"):
+        best_time(lambda: None, clock="cpu")
 
 
 def test_averages_the_calls_of_one_measurement(timed):

@@ -122,7 +122,6 @@ def compare_to_book(what: str, value: float | torch.Tensor, low: float, high: fl
     if not (isinstance(low, numbers.Real) and isinstance(high, numbers.Real) and low <= high):
         raise ValueError(f"low and high must be numbers with low <= high, got {low!r}, {high!r}")
     _log(kind="book", what=what, value=value, low=low, high=high, over=over)
-    # judged as printed: 0.1243 shown as 0.124 lies in a range that ends at 0.124
     shown, low_shown, high_shown = (_as_printed(v, fmt) for v in (value, low, high))
     note = "" if low_shown <= shown <= high_shown else (  # NaN too
         " (outside the book's range: your machine or seed differs more than the book's did)")

@@ -40,6 +40,7 @@ from .._validate import (
     require_bool_mask,
     require_callable,
     require_choice,
+    require_deterministic,
     require_finite,
     require_non_negative_number,
     shape_of,
@@ -475,7 +476,7 @@ def _check_locator_args(
                 "PretrainedEncoder pass its .model"
             )
     for name, model in (("reference", reference), ("candidate", candidate)):
-        _require_deterministic(name, model)
+        require_deterministic(name, model)
     how = "a function that runs the model on the input"
     require_callable("run_reference", run_reference, how, "e.g. lambda m: m(ids)")
     if run_candidate is not None:
@@ -504,29 +505,6 @@ def _check_locator_args(
     require_non_negative_number("atol", atol)
     require_non_negative_number("rtol", rtol)
     return run_reference if run_candidate is None else run_candidate
-
-
-def _require_deterministic(name: str, model: nn.Module) -> None:
-    """Dropout in training mode makes every run different, so nothing would agree."""
-    random_parts = [
-        f"{part or type(model).__name__} (p={p:g})" for part, module in model.named_modules()
-        if module.training and (p := _dropout_p(module)) > 0
-    ]
-    if random_parts:
-        raise ValueError(
-            f"{name} ({type(model).__name__}) is in training mode and has dropout: "
-            f"{', '.join(random_parts[:3])}{', ...' if len(random_parts) > 3 else ''}. Its "
-            f"outputs are random, so no two runs agree; call {name}.eval() first"
-        )
-
-
-def _dropout_p(module: nn.Module) -> float:
-    """The dropout probability a module applies in training mode (0 if none): a dropout
-    layer's p, or an attention layer's float ``dropout`` (course_lib's MultiHeadAttention)."""
-    if isinstance(module, nn.modules.dropout._DropoutNd):
-        return float(module.p)
-    p = getattr(module, "dropout", None)
-    return float(p) if isinstance(p, float) else 0.0
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from torch import nn
 from .._validate import (
     require_bool,
     require_callable,
+    require_deterministic,
     require_finite,
     require_int,
     require_non_negative_number,
@@ -50,7 +51,6 @@ from .._validate import (
     shape_of,
 )
 from ..attention import MultiHeadAttention
-from .divergence import _require_deterministic
 
 Probed = Callable[[torch.Tensor], torch.Tensor]
 
@@ -921,7 +921,7 @@ def logit_lens(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     if not hasattr(model, "lm_head"):
         raise TypeError(f"model must be a language model with an lm_head (a DecoderLM), got "
                         f"{type(model).__name__}")
-    _require_deterministic("model", model)
+    require_deterministic("model", model)
     streams: list[torch.Tensor] = []
     hooks = [model.embeddings.register_forward_hook(lambda m, a, out: streams.append(out))]
     hooks += [b.register_forward_hook(lambda m, a, out: streams.append(out[0])) for b in blocks]
