@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -272,12 +273,24 @@ def require_choice(name: str, value: object, options: Sequence[object]) -> objec
     return value
 
 
-def require_callable(name: str, fn: object, expected: str, hint: str = "") -> Callable:
-    """``fn``, if it can be called; ``expected`` says what it should be (``"a function of
-    x"``), ``hint`` how to get one (``"wrap the call in a lambda: lambda: model(x)"``)."""
+def require_callable(name: str, fn: object, expected: str, hint: str = "", *,
+                     n_args: int | None = None) -> Callable:
+    """``fn``, if it can be called (with ``n_args`` positional arguments, when given);
+    ``expected`` says what it should be (``"a function of x"``), ``hint`` how to get one
+    (``"wrap the call in a lambda: lambda: model(x)"``)."""
     hint = f"; {hint}" if hint else ""
     if not callable(fn):
         raise TypeError(f"{name} must be {expected}, got {type(fn).__name__}{hint}")
+    if n_args is not None:
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # some builtins have none: trust them
+            return fn
+        try:
+            signature.bind(*range(n_args))
+        except TypeError:
+            raise TypeError(f"{name} must be {expected}: it is called with {n_args} arguments, "
+                            f"but its signature is {signature}{hint}") from None
     return fn
 
 
@@ -296,6 +309,9 @@ def check_token_ids(name: str, ids: object, vocab_size: int) -> None:
     """``ids`` must be a non-empty (B, T) integer tensor of ids below ``vocab_size``."""
     require_ndim(name, ids, (2,), f"(B, T) of token ids (for one sequence use {name}[None])")
     require_integer_tensor(name, ids, "token ids")
+    if ids.shape[0] == 0:
+        raise ValueError(f"{name} is an empty batch (shape {shape_of(ids)}): give at least one "
+                         "sequence")
     if ids.shape[1] == 0:
         raise ValueError(f"{name} is empty (shape {shape_of(ids)}): give at least one token")
     if values_checked(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):

@@ -182,6 +182,7 @@ def check_block_inputs(block: EncoderBlock | DecoderBlock, x: object,
         return
     require_ndim("x", x, (3,), "(B, T, D)")
     check_attention_inputs(block.self_attn, x, **attention)
+    check_feed_forward_width(block.ff, x.shape[-1])
     cross, states = getattr(block, "cross_attn", None), encoder_hidden_states
     given = states is not None or encoder_attention_mask is not None
     if (cross is None and given) or (cross is not None and states is None):
@@ -193,3 +194,15 @@ def check_block_inputs(block: EncoderBlock | DecoderBlock, x: object,
         check_attention_inputs(cross, x, states, context_name="encoder_hidden_states")
         require_padding_mask("encoder_attention_mask", encoder_attention_mask, states.shape[:2],
                              f"should be (B, S) = {tuple(states.shape[:2])}")
+
+
+def check_feed_forward_width(ff: nn.Module | None, d_model: int) -> None:
+    """A replaced feed-forward sublayer must map d_model features to d_model: the residual
+    x + ff(x) adds tensors of one shape. (Checked on its first and last linear layers; None is
+    an attention-only block.)"""
+    linears = [m for m in ff.modules() if isinstance(m, nn.Linear)] if ff is not None else []
+    if linears and (linears[0].in_features, linears[-1].out_features) != (d_model, d_model):
+        raise ValueError(
+            f"block.ff maps {linears[0].in_features} features to {linears[-1].out_features}, but "
+            f"this block's x has D = {d_model}: a sublayer must map D features to D, so that the "
+            f"residual x + ff(x) adds two tensors of the same shape")

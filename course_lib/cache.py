@@ -45,9 +45,12 @@ class LayerKVCache:
             self.keys, self.values = key_states, value_states
             return self.keys, self.values
         b, h, _, d = self.keys.shape
-        if (*key_states.shape[:2], key_states.shape[-1]) != (b, h, d):
-            raise ValueError(f"past_key_value holds keys (B, H, Dh) = {(b, h, d)}, the new ones "
-                             f"{shape_of(key_states)}: start a new KVCache() for another batch")
+        new_b, new_h, _, new_d = key_states.shape
+        if (new_b, new_h, new_d) != (b, h, d):
+            other = ("another batch" if new_b != b else
+                     "a model with other heads or head widths")
+            raise ValueError(f"the KV cache holds keys (B, H, Dh) = {(b, h, d)}, the new ones "
+                             f"{shape_of(key_states)}: start a new KVCache() for {other}")
         self.keys = torch.cat([self.keys, key_states], dim=-2)  # (B, H, S + T, Dh)
         self.values = torch.cat([self.values, value_states], dim=-2)  # (B, H, S + T, Dh)
         return self.keys, self.values

@@ -150,6 +150,9 @@ class EncoderDecoderConfig:
         """Both halves with the same sizes (d_model, n_heads, d_ff, dropout, activation,
         norm_first, positions, layer_norm_eps, bias: any TransformerConfig field in ``sizes``),
         each with its own vocabulary, depth and length; ``pad_id`` marks padding in both."""
+        check_positive_ints(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                            n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers,
+                            max_src_len=max_src_len, max_tgt_len=max_tgt_len)
         encoder = EncoderConfig(vocab_size=src_vocab_size, n_layers=n_encoder_layers,
                                 max_len=max_src_len, pad_id=pad_id, **sizes)
         decoder = DecoderConfig(vocab_size=tgt_vocab_size, n_layers=n_decoder_layers,

@@ -29,7 +29,7 @@ from ._validate import (
     shape_of,
     values_checked,
 )
-from .blocks import DecoderBlock, EncoderBlock, check_block_inputs
+from .blocks import DecoderBlock, EncoderBlock, check_block_inputs, check_feed_forward_width
 from .cache import KVCache
 from .configs import (
     DecoderConfig,
@@ -210,7 +210,7 @@ class Encoder(_Stack):
             output_attentions: also return every block's attention weights.
             output_hidden_states: also return the embeddings and every block's output.
         """
-        check_encoder_inputs(self.config, ids, attention_mask, token_type_ids,
+        check_encoder_inputs(self, ids, attention_mask, token_type_ids,
                              output_attentions, output_hidden_states)
         x = self.embeddings(ids, token_type_ids)  # (B, T, D)
         padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, T) or None
@@ -277,7 +277,7 @@ class DecoderLM(_Stack):
                 positions S .. S + T - 1, and the cache is extended with them in place (as
                 Hugging Face's ``DynamicCache``).
         """
-        check_decoder_inputs(self.config, ids, attention_mask, past_key_values, output_attentions)
+        check_decoder_inputs(self, ids, attention_mask, past_key_values, output_attentions)
         n_past = 0 if past_key_values is None else past_key_values.get_seq_length()
         x = self.embeddings(ids, offset=n_past)  # (B, T, D), positions n_past .. n_past + T - 1
         if self.config.cross_attention or encoder_hidden_states is not None \
@@ -457,12 +457,20 @@ def check_sequence(config: TransformerConfig, ids: object, attention_mask: objec
     require_padding_mask(mask_name, attention_mask, expected, what)
 
 
-def check_encoder_inputs(config: EncoderConfig, ids: object, attention_mask: object,
+def check_stack(model: _Stack) -> None:
+    """Blocks whose feed-forward sublayer was replaced must still map d_model to d_model."""
+    for block in model.blocks:
+        check_feed_forward_width(block.ff, model.config.d_model)
+
+
+def check_encoder_inputs(model: Encoder, ids: object, attention_mask: object,
                          token_type_ids: object, output_attentions: object,
                          output_hidden_states: object) -> None:
     """What :meth:`Encoder.forward` takes: ids, their mask, segment ids, and the flags."""
     if not checks_wanted():
         return
+    config = model.config
+    check_stack(model)
     check_bools(output_attentions=output_attentions, output_hidden_states=output_hidden_states)
     check_sequence(config, ids, attention_mask)
     if token_type_ids is not None:
@@ -472,12 +480,14 @@ def check_encoder_inputs(config: EncoderConfig, ids: object, attention_mask: obj
             raise ValueError(f"token_type_ids: got {got}; expected ids's shape and a vocabulary")
 
 
-def check_decoder_inputs(config: DecoderConfig, ids: object, attention_mask: object,
+def check_decoder_inputs(model: DecoderLM, ids: object, attention_mask: object,
                          cache: object, output_attentions: object) -> None:
     """What :meth:`DecoderLM.forward` takes besides the encoder's output (checked by the
     first block) and the targets (checked by :func:`lm_loss`)."""
     if not checks_wanted():
         return
+    config = model.config
+    check_stack(model)
     check_bools(output_attentions=output_attentions)
     if cache is not None and not isinstance(cache, KVCache):
         got = type(cache).__name__

@@ -37,6 +37,7 @@ from ._validate import (
     require_ndim,
     require_padding_mask,
     require_positive_number,
+    require_tensor,
     shape_of,
 )
 from .models import DecoderConfig, DecoderLM, Encoder, EncoderConfig
@@ -304,6 +305,12 @@ def rope_half_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor
         The same rows, course_lib's order.
     """
     check_positive_ints(n_heads=n_heads)
+    require_tensor("weight", weight)
+    rows = weight.shape[0] if weight.dim() else 0
+    if rows == 0 or rows % (2 * n_heads):
+        raise ValueError(f"weight has {rows} rows, which n_heads={n_heads} heads cannot share as "
+                         f"heads of an even width (H * Dh rows, Dh even): is n_heads the number "
+                         f"of heads this projection holds (H for W_q, Hkv for W_k)?")
     halves = weight.unflatten(0, (n_heads, 2, -1))  # (H, 2, Dh/2, ...): [first; second] halves
     return halves.transpose(1, 2).flatten(0, 2)  # (H, Dh/2, 2, ...) -> (H Dh, ...): interleaved
 

@@ -432,7 +432,9 @@ def check_training(model: object, config: object = None, *, iters: object = 1,
     check_positive_ints(iters=iters)
     check_bools(progress=progress)
     for name, fn in functions.items():
-        if fn is not None:
+        if fn is not None and name == "callback":
+            require_callable(name, fn, "a function callback(step, history)", n_args=2)
+        elif fn is not None:
             require_callable(name, fn, "a function")
 
 

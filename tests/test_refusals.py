@@ -8,14 +8,15 @@ import torch
 
 from course_lib import DecoderConfig, DecoderLM
 from course_lib.cache import KVCache
-from course_lib.configs import EncoderConfig
+from course_lib.configs import EncoderConfig, EncoderDecoderConfig
 from course_lib.course.divergence import first_divergence
-from course_lib.course.induction import half_losses
+from course_lib.course.induction import half_losses, train_induction
 from course_lib.course.probes import ablate_head_path, logit_lens
 from course_lib.layers import LayerNorm, RMSNorm, make_norm
-from course_lib.models import MaskedLM
-from course_lib.pretrained import config_from_llama, load_llama_weights
-from course_lib.train import lr_schedule
+from course_lib.models import Encoder, MaskedLM
+from course_lib.pretrained import config_from_llama, load_llama_weights, rope_half_to_interleaved
+from course_lib.tasks import mask_tokens
+from course_lib.train import TrainConfig, lr_schedule, train
 
 
 def decoder(n_layers=1, d_model=16, **kwargs):
@@ -151,3 +152,57 @@ def test_a_layer_cache_refuses_keys_whose_heads_are_not_split():
         cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4))
     keys, values = cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
     assert keys.shape == values.shape == (1, 2, 3, 4) and cache.get_seq_length() == 3
+
+
+# Calls that used to die deep inside torch or Python with a message that named something else.
+
+def _train(model, callback):
+    batch = {"ids": ids(2, 8), "targets": ids(2, 8)}
+    train(model, lambda: batch, TrainConfig(max_iters=2, eval_interval=1, eval_iters=1,
+                                            warmup_iters=0),
+          val_batches=lambda: batch, callback=callback, progress=False)
+
+
+def _block_with_narrow_ffn():
+    model = decoder()
+    model.blocks[0].ff = torch.nn.Linear(16, 8)  # a learner's replacement of the wrong width
+    return model
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: decoder()(ids(b=0)), ValueError, r"ids is an empty batch \(shape \(0, 4\)\)"),
+    (lambda: logit_lens(decoder(), ids(b=0)), ValueError, "ids is an empty batch"),
+    (lambda: mask_tokens(
+        ids(b=0), mask_id=1, vocab_size=10), ValueError, "ids is an empty batch"),
+    (lambda: rope_half_to_interleaved(
+        torch.randn(16, 16), 3), ValueError, "16 rows, which n_heads=3 heads cannot share"),
+    (lambda: half_losses(
+        Encoder(EncoderConfig(vocab_size=10, d_model=16, n_heads=2, n_layers=1, max_len=16)),
+        ids(t=8)), TypeError, "model must be a course_lib DecoderLM.*got Encoder"),
+    (lambda: train_induction(
+        torch.nn.Linear(3, 3), steps=1), TypeError, "must be a course_lib DecoderLM.*got Linear"),
+    (lambda: train_induction(
+        decoder(), steps=1, callback=lambda step: None, progress=False), TypeError,
+     r"callback must be a function callback\(step, log\): it is called with 2 arguments"),
+    (lambda: _train(decoder(), lambda: None), TypeError,
+     r"callback\(step, history\): it is called with 2 arguments, but its signature is \(\)"),
+    (lambda: EncoderDecoderConfig.shared(
+        10, 10, d_model=16, n_heads=2, max_src_len=0), ValueError, "max_src_len must be"),
+    (lambda: _block_with_narrow_ffn()(ids()), ValueError,
+     r"block.ff maps 16 features to 8.*residual x \+ ff\(x\)"),
+])
+def test_cryptic_errors_now_name_the_problem(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_a_cache_of_another_batch_or_other_heads_says_which():
+    cache = KVCache()
+    decoder(n_layers=1)(ids(b=2), past_key_values=cache)
+    with pytest.raises(ValueError, match="the KV cache holds.*for another batch"):
+        decoder(n_layers=1)(ids(b=3, t=1), past_key_values=cache)
+    torch.manual_seed(0)
+    four_heads = DecoderLM(DecoderConfig(vocab_size=10, d_model=16, n_heads=4, n_layers=1,
+                                         max_len=16)).eval()
+    with pytest.raises(ValueError, match="the KV cache holds.*other heads or head widths"):
+        four_heads(ids(b=2, t=1), past_key_values=cache)

@@ -30,7 +30,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .._validate import require_int, require_positive_int, require_positive_number
+from .._validate import (
+    require_callable,
+    require_int,
+    require_positive_int,
+    require_positive_number,
+)
 from ..configs import DecoderConfig
 from ..models import DecoderLM
 from ..tasks import repeated_segments
@@ -68,6 +73,14 @@ def _next_token_losses(model: DecoderLM, ids: torch.Tensor) -> torch.Tensor:
                            ignore_index=IGNORE_INDEX, reduction="none")  # (B, T)
 
 
+def _check_model(model: object) -> DecoderLM:
+    if not isinstance(model, DecoderLM):
+        raise TypeError(f"model must be a course_lib DecoderLM (a decoder-only language model: "
+                        f"induction is measured on next-token losses and causal attention), got "
+                        f"{type(model).__name__}")
+    return model
+
+
 def _check_ids(ids: object) -> torch.Tensor:
     if (not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] % 2
             or ids.shape[1] < 4 or ids.shape[0] == 0):
@@ -90,7 +103,7 @@ def half_losses(model: DecoderLM, ids: torch.Tensor) -> tuple[float, float]:
         next token is new: at best log V) and at L..2L-2 (the next token was seen before).
     """
     seg = _check_ids(ids).shape[1] // 2
-    loss = _next_token_losses(model, ids)  # (B, 2L)
+    loss = _next_token_losses(_check_model(model), ids)  # (B, 2L)
     return float(loss[:, :seg].mean()), float(loss[:, seg:-1].mean())
 
 
@@ -104,7 +117,7 @@ def first_half_losses(model: DecoderLM, ids: torch.Tensor) -> tuple[float, float
         new, at those whose token was seen before, and the share of the latter.
     """
     seg = _check_ids(ids).shape[1] // 2
-    loss = _next_token_losses(model, ids)[:, :seg]  # (B, L)
+    loss = _next_token_losses(_check_model(model), ids)[:, :seg]  # (B, L)
     first = ids[:, :seg]  # (B, L)
     seen = (first[:, :, None] == first[:, None, :]).tril(-1).any(-1)  # (B, L): seen before t
     return float(loss[~seen].mean()), float(loss[seen].mean()), float(seen.float().mean())
@@ -115,7 +128,7 @@ def head_scores(model: DecoderLM, ids: torch.Tensor) -> tuple[torch.Tensor, torc
     """Every head's previous-token and induction score on repeated segments, averaged over
     the batch: two (n_layers, H) tensors (see course_lib.course.probes)."""
     seg = _check_ids(ids).shape[1] // 2
-    model.eval()
+    _check_model(model).eval()
     weights = model(ids, output_attentions=True).attentions  # n_layers x (B, H, 2L, 2L)
     prev = torch.stack([previous_token_score(w).mean(0) for w in weights])  # (n_layers, H)
     ind = torch.stack([induction_score(w, seg).mean(0) for w in weights])  # (n_layers, H)
@@ -177,6 +190,9 @@ def train_induction(
     Returns:
         The :class:`InductionLog`; the model is left in eval mode.
     """
+    _check_model(model)
+    if callback is not None:
+        require_callable("callback", callback, "a function callback(step, log)", n_args=2)
     steps, batch_size, n_eval = (require_positive_int(n, v) for n, v in
                                  (("steps", steps), ("batch_size", batch_size),
                                   ("n_eval", n_eval)))
