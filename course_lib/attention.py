@@ -108,13 +108,12 @@ def scaled_dot_product_attention(
         ``(out, weights)``: out (..., T, Dv) and weights (..., T, S).
     """
     _check_sdpa(q, k, v, mask, attn_bias, scale)
-    with inputs_checked():
-        scores = attention_scores(q, k, scale=scale)  # (..., T, S)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        if attn_bias is not None:
-            scores = scores + attn_bias
-        weights = softmax(scores, dim=-1)  # (..., T, S), each row sums to 1 over the keys
+    scores = attention_scores(q, k, scale=scale)  # (..., T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if attn_bias is not None:
+        scores = scores + attn_bias
+    weights = softmax(scores, dim=-1)  # (..., T, S), each row sums to 1 over the keys
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     return weights @ v, weights  # (..., T, Dv), (..., T, S)

@@ -34,7 +34,6 @@ from ._validate import (
     check_bools,
     check_positive_ints,
     checks_wanted,
-    inputs_checked,
     require_callable,
     require_dtype_of,
     require_float_dtype,
@@ -285,8 +284,7 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     v_win = _key_windows(v, before, after, pad, block).transpose(-2, -1)  # (..., nb, c, Dv)
     scores = (q_blocks @ k_t) * scale  # q k^T / sqrt(Dh) inside the band, (..., nb, b, c)
     keep = _band(n, block, n_blocks, before, after, q.device)  # (nb, b, c)
-    with inputs_checked():
-        weights = softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)  # (..., nb, b, c)
+    weights = softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)  # (..., nb, b, c)
     out = weights @ v_win  # (..., nb, b, Dv)
     return out.flatten(-3, -2)[..., :n, :]  # (..., n, Dv)
 
@@ -337,8 +335,7 @@ def low_rank_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, proj_k
     k_low = proj_k @ k  # E k, (..., R, Dh)
     v_low = proj_v @ v  # F v, (..., R, Dv)
     scores = (q @ k_low.transpose(-2, -1)) * scale  # q (E k)^T / sqrt(Dh), (..., T, R)
-    with inputs_checked():
-        weights = softmax(scores, dim=-1)  # (..., T, R)
+    weights = softmax(scores, dim=-1)  # (..., T, R)
     return weights @ v_low  # (..., T, Dv)
 
 

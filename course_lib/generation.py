@@ -90,8 +90,7 @@ def sample_next_token(logits: torch.Tensor, *, temperature: float = 1.0, top_k: 
     check_sampling(temperature, top_k, top_p, generator, logits=logits)
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
-    with inputs_checked():
-        probs = next_token_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    probs = next_token_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     if generator is not None and generator.device != probs.device:
         probs = probs.to(generator.device)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)

@@ -17,7 +17,6 @@ from torch import nn
 from ._validate import (
     check_positive_ints,
     checks_wanted,
-    inputs_checked,
     require_features,
     require_float_dtype,
     require_floating,
@@ -98,9 +97,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, seq_len: int, *, offset: int = 0) -> torch.Tensor:
         _check_span(seq_len, offset)
-        with inputs_checked():
-            table = sinusoidal_encoding(offset + seq_len, self.d_model, base=self.base,
-                                        device=self._anchor.device)  # (offset + T, D)
+        table = sinusoidal_encoding(offset + seq_len, self.d_model, base=self.base,
+                                    device=self._anchor.device)  # (offset + T, D)
         return table[offset:]  # (T, D)
 
 
@@ -211,8 +209,7 @@ def apply_rope(
     dtype = _compute_dtype(x)
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)
-    with inputs_checked():
-        theta = rope_frequencies(x.shape[-1], base=base, device=x.device, dtype=dtype)  # (Dh/2,)
+    theta = rope_frequencies(x.shape[-1], base=base, device=x.device, dtype=dtype)  # (Dh/2,)
     angles = positions.to(device=x.device, dtype=dtype)[:, None] * theta  # (T, Dh/2): p theta_i
     cos, sin = angles.cos(), angles.sin()
     x_even = x[..., 0::2].to(dtype)  # (..., T, Dh/2)
@@ -255,8 +252,7 @@ class RotaryEmbedding(nn.Module):
         if positions is None:
             positions = torch.arange(x.shape[-2], device=x.device)  # (T,)
         positions = positions.to(_compute_dtype(x)) / self.scaling_factor  # p / factor
-        with inputs_checked():
-            return apply_rope(x, positions=positions, base=self.base)
+        return apply_rope(x, positions=positions, base=self.base)
 
     def extra_repr(self) -> str:
         factor = "" if self.scaling_factor == 1.0 else f", scaling_factor={self.scaling_factor}"

@@ -30,7 +30,6 @@ from ._validate import (
     check_bools,
     check_positive_ints,
     checks_wanted,
-    inputs_checked,
     require_callable,
     require_generator,
     require_int,
@@ -343,8 +342,7 @@ def train(
         for step in range(config.max_iters):
             started = time.perf_counter()
             batch = first if step == 0 else train_batches()
-            with inputs_checked():  # the config checked its schedule
-                lr = config.lr_at(step)
+            lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss = _loss_of(model, _to_device(batch, device))  # forward pass and loss
