@@ -165,21 +165,20 @@ def require_bool_mask(name: str, mask: object) -> torch.Tensor:
 
 
 def require_padding_mask(name: str, mask: object, shape: Sequence[int],
-                         expected: str) -> torch.Tensor | None:
-    """A padding mask (True/1 = a real token) as a boolean tensor; None stays None.
+                         expected: str) -> None:
+    """A padding mask (True/1 = a real token), or None.
 
     Boolean and 0/1 integer masks (what Hugging Face tokenizers return) are accepted; a float
     mask is refused: attention would add it to the scores, so a 0/1 float mask would mask
     nothing. ``shape`` is the shape it must have, ``expected`` says so in words.
     """
     if mask is None:
-        return None
+        return
     if require_tensor(name, mask).is_floating_point() or mask.is_complex():
         raise ValueError(f"{name} must be bool or 0/1 integers (True/1 = a real token), got "
                          f"{mask.dtype}; use {name}.bool()")
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {shape_of(mask)} but {expected}")
-    return mask if mask.dtype == torch.bool else mask != 0
 
 
 # ------------------------------------------------------------------------ numbers and flags

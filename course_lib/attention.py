@@ -155,6 +155,14 @@ def padding_mask(
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
 
 
+def as_bool_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A padding mask as booleans, True = a real token: a bool mask as it is, the 0/1 integers
+    that tokenizers return compared with 0; None stays None. The one place masks are converted."""
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask != 0
+
+
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, T, D) -> (B, H, T, Dh): head h gets features h*Dh .. (h+1)*Dh - 1 of every position.
 
@@ -289,8 +297,7 @@ class MultiHeadAttention(nn.Module):
         """
         check_attention_inputs(self, x, context, mask, attention_mask, attn_bias, past_key_value,
                                is_causal=is_causal, return_weights=return_weights)
-        if attention_mask is not None and attention_mask.dtype != torch.bool:
-            attention_mask = attention_mask != 0  # 0/1 integers, as tokenizers return them
+        attention_mask = as_bool_mask(attention_mask)  # 0/1 integers, as tokenizers return them
         unbatched = x.dim() == 2
         if unbatched:  # (T, D) -> (1, T, D)
             x, context = x[None], None if context is None else context[None]

@@ -29,6 +29,7 @@ from ._validate import (
     shape_of,
     values_checked,
 )
+from .attention import as_bool_mask
 from .blocks import DecoderBlock, EncoderBlock, check_block_inputs, check_feed_forward_width
 from .cache import KVCache
 from .configs import (
@@ -148,7 +149,7 @@ def _padding(attention_mask: torch.Tensor | None, ids: torch.Tensor,
     """The padding mask as booleans (True = real token): the given one (0/1 integers become
     booleans), or one derived from pad_id; None if neither."""
     if attention_mask is not None:
-        return attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+        return as_bool_mask(attention_mask)
     return None if pad_id is None else ids != pad_id
 
 

@@ -40,6 +40,7 @@ from ._validate import (
     require_tensor,
     shape_of,
 )
+from .attention import as_bool_mask
 from .models import DecoderConfig, DecoderLM, Encoder, EncoderConfig
 
 # Hugging Face's names for BERT's activations -> course_lib's. HF's "gelu" is the exact erf form.
@@ -393,9 +394,9 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     Returns:
         (B, D) sentence vectors.
     """
-    attention_mask = check_mean_pool(hidden, attention_mask)
+    check_mean_pool(hidden, attention_mask)
     # mean over real tokens: sum_t m_t h_t / sum_t m_t
-    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1), 1 = real token
+    weights = as_bool_mask(attention_mask).to(hidden.dtype).unsqueeze(-1)  # (B, T, 1), 1 = real
     total = (hidden * weights).sum(dim=1)  # (B, D)
     count = weights.sum(dim=1).clamp(min=1e-9)  # (B, 1); clamp keeps an all-padding row finite
     return total / count  # (B, D)
@@ -495,11 +496,11 @@ def check_llama_config(config: object, source: str) -> None:
                              f"DecoderLM needs {value!r}")
 
 
-def check_mean_pool(hidden: object, attention_mask: object) -> torch.Tensor:
-    """Check mean_pool's arguments; return the mask as bool."""
+def check_mean_pool(hidden: object, attention_mask: object) -> None:
+    """Check mean_pool's arguments."""
     if not checks_wanted():
-        return attention_mask
+        return
     require_ndim("hidden", hidden, (3,), "(B, T, D)")
     require_floating("hidden", hidden)
     expected = f"expected (B, T) = {tuple(hidden.shape[:2])}, as hidden {shape_of(hidden)}"
-    return require_padding_mask("attention_mask", attention_mask, hidden.shape[:2], expected)
+    require_padding_mask("attention_mask", attention_mask, hidden.shape[:2], expected)

@@ -35,6 +35,7 @@ from ._validate import (
     require_tensor,
     shape_of,
 )
+from .attention import as_bool_mask
 from .tokenizer import IGNORE_INDEX
 
 _NONLINEARITIES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -314,7 +315,7 @@ class RNNEncoderDecoder(nn.Module):
     ) -> RNNSeq2SeqOutput:
         check_seq2seq(self, src, src_attention_mask, tgt, targets)
         if src_attention_mask is not None:
-            mask = src_attention_mask != 0  # (B, S): bool, or 0/1 integers from a tokenizer
+            mask = as_bool_mask(src_attention_mask)  # (B, S): bool, or 0/1 from a tokenizer
         elif self.pad_id is not None:
             mask = src != self.pad_id  # (B, S)
         else:

@@ -19,7 +19,7 @@ from course_lib._validate import (
     require_int,
     require_padding_mask,
 )
-from course_lib.attention import MultiHeadAttention, scaled_dot_product_attention
+from course_lib.attention import MultiHeadAttention, as_bool_mask, scaled_dot_product_attention
 from course_lib.blocks import DecoderBlock, EncoderBlock
 from course_lib.cache import KVCache
 from course_lib.configs import DecoderConfig, EncoderConfig, EncoderDecoderConfig, TransformerConfig
@@ -87,8 +87,10 @@ def test_truthy_values_are_not_flags(value):
 
 def test_padding_masks_take_bool_and_0_1_integers_and_refuse_floats():
     keep = torch.tensor([[1, 1, 0]])
-    assert torch.equal(require_padding_mask("attention_mask", keep, (1, 3), "(B, S)"),
-                       keep.bool())
+    require_padding_mask("attention_mask", keep, (1, 3), "(B, S)")  # accepted as it is
+    require_padding_mask("attention_mask", keep.bool(), (1, 3), "(B, S)")
+    assert torch.equal(as_bool_mask(keep), keep.bool())  # the one conversion, in attention.py
+    assert as_bool_mask(None) is None
     with pytest.raises(ValueError, match=r"attention_mask.*bool.*float32"):
         require_padding_mask("attention_mask", keep.float(), (1, 3), "(B, S)")
     with pytest.raises(ValueError, match=r"attention_mask.*\(1, 2\)"):
