@@ -56,6 +56,34 @@ def score_matrix_bytes(batch: int, heads: int, n_queries: int, n_keys: int | Non
     return batch * heads * n_queries * n_keys * dtype.itemsize
 
 
+class _OperatorNames(TorchDispatchMode):
+    """Records the name of every low-level operator that runs while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def kernel_used(fn: Callable[[], Any]) -> str:
+    """Which attention kernel a call runs: the name of the fused ``scaled_dot_product``
+    operator it reached (e.g. ``_scaled_dot_product_flash_attention_for_cpu``), or
+    ``"math path: op, op, ..."`` with the operators it ran instead. Every operator inside ``fn``
+    is seen by a ``TorchDispatchMode``, the hook :func:`peak_memory` uses too.
+
+    Args:
+        fn: a function with no arguments, e.g. ``lambda: F.scaled_dot_product_attention(q, k, v)``.
+    """
+    require_callable("fn", fn, "a function with no arguments", "wrap the call in a lambda")
+    with _OperatorNames() as ops:
+        fn()
+    fused = [name for name in ops.names if "scaled_dot_product" in name]
+    return fused[0] if fused else f"math path: {', '.join(dict.fromkeys(ops.names))}"
+
+
 class _TensorMemory(TorchDispatchMode):
     """Adds up the bytes of every storage created by an operator while active, and subtracts
     them again when the storage is freed; keeps the largest total seen."""

@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from course_lib import chunked_attention, sliding_window_attention
 from course_lib.attention import scaled_dot_product_attention
 from course_lib.efficient import (
+    kernel_used,
     low_rank_attention,
     online_softmax_stats,
     online_softmax_step,
@@ -563,3 +564,15 @@ def test_the_attention_cost_benchmark_runs_and_its_numbers_add_up(capsys):
     assert rows[96][3] < rows[96][1]  # chunked below naive once n exceeds the block
     ratios = [float(x) for x in re.findall(r"per-round ratios (\d+\.\d+)", out)]
     assert len(ratios) == 2 and all(r > 0 for r in ratios)
+
+
+def test_kernel_used_names_the_fused_kernel_or_the_math_path_operators():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(1, 2, 16, 8)
+    fused = kernel_used(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert "scaled_dot_product" in fused and not fused.startswith("math path")
+    with sdpa_kernel(SDPBackend.MATH):
+        math = kernel_used(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert math.startswith("math path: ") and "softmax" in math  # the operators it ran instead
+    with pytest.raises(TypeError, match="fn must be a function with no arguments"):
+        kernel_used(q)
