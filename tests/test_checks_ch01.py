@@ -3,6 +3,7 @@ every correct formulation."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +14,10 @@ from course_lib.course.checks.ch01 import (
     check_elman_step,
     check_gradient_norms,
     check_gradient_ratio_prediction,
+    check_leaky_step,
 )
+from course_lib.rnn import elman_forward as elman_forward_library
+from course_lib.rnn import elman_step as elman_step_library
 
 # --------------------------------------------------------------------------------- elman_step
 
@@ -329,8 +333,23 @@ def test_gradient_norms_check_leaves_the_global_random_stream_alone():
 
 
 def test_elman_forward_failure_names_the_instrument():
-    with pytest.raises(CheckFailure, match="equality with the reference.*elman_forward"):
+    with pytest.raises(CheckFailure, match="(?s)first axis of x.*equality with the "
+                                           "reference.*elman_forward"):
         check_elman_forward(forward_first_axis)
+
+
+@pytest.mark.parametrize("name", ["no bias", "backwards", "returns h0 too"])
+def test_elman_forward_names_the_instrument_only_for_the_planted_bug(name):
+    wrong = {
+        "no bias": lambda x, h0, W, U, b: elman_forward_library(x, h0, W, U, 0 * b),
+        "backwards": lambda x, h0, W, U, b: elman_forward_library(
+            x.flip(-2), h0, W, U, b),
+        "returns h0 too": lambda x, h0, W, U, b: torch.cat(
+            [h0.unsqueeze(-2), elman_forward_library(x, h0, W, U, b)], dim=-2),
+    }[name]
+    with pytest.raises(CheckFailure) as failure:
+        check_elman_forward(wrong)
+    assert "equality with the reference" not in str(failure.value)
 
 
 # ------------------------------------------------------------- gradient ratio (predict, verify)
@@ -497,3 +516,92 @@ def test_additive_attention_check_leaves_the_global_random_stream_alone():
     torch.manual_seed(5)
     check_additive_attention(additive_broadcast)
     torch.testing.assert_close(torch.rand(3), expected)
+
+
+# --------------------------------------------------------------------------------- leaky_step
+
+
+def leaky_matmul(x_t, h_prev, W, U, b, a):
+    return (1 - a) * h_prev + a * torch.tanh(h_prev @ W.T + x_t @ U.T + b)
+
+
+def leaky_library(x_t, h_prev, W, U, b, a):
+    return torch.lerp(h_prev, elman_step_library(x_t, h_prev, W, U, b), a)
+
+
+def leaky_linear(x_t, h_prev, W, U, b, a):
+    candidate = torch.nn.functional.linear(x_t, U, b).add(
+        torch.nn.functional.linear(h_prev, W)).tanh()
+    return h_prev - a * (h_prev - candidate)
+
+
+def leaky_column_vectors(x_t, h_prev, W, U, b, a):
+    return torch.stack([leaky_column_vectors(x, h, W, U, b, a) for x, h in
+                        zip(x_t, h_prev, strict=True)]) if x_t.dim() == 2 else (
+        (1 - a) * h_prev + a * torch.tanh(W @ h_prev + U @ x_t + b))
+
+
+def leaky_numpy_rate(x_t, h_prev, W, U, b, a):
+    rate = np.float32(a)
+    return (1 - rate) * h_prev + rate * torch.tanh(h_prev @ W.T + x_t @ U.T + b)
+
+
+@pytest.mark.parametrize("fn", [leaky_matmul, leaky_library, leaky_linear,
+                                leaky_column_vectors, leaky_numpy_rate])
+def test_leaky_step_accepts_correct_answers(fn, capsys):
+    check_leaky_step(fn)
+    assert "leaky_step is correct" in capsys.readouterr().out
+
+
+def _candidate(x, h, W, U, b):
+    return torch.tanh(h @ W.T + x @ U.T + b)
+
+
+WRONG_LEAKY = {
+    "weights swapped": (lambda x, h, W, U, b, a: a * h + (1 - a) * _candidate(x, h, W, U, b),
+                        "weights look swapped"),
+    "plain Elman step": (lambda x, h, W, U, b, a: _candidate(x, h, W, U, b),
+                         "plain Elman step"),
+    "mix inside the tanh": (
+        lambda x, h, W, U, b, a: torch.tanh((1 - a) * h + a * (h @ W.T + x @ U.T + b)),
+        "into the tanh's argument"),
+    "no tanh": (lambda x, h, W, U, b, a: (1 - a) * h + a * (h @ W.T + x @ U.T + b),
+                "no nonlinearity"),
+    "no recurrent term": (lambda x, h, W, U, b, a: (1 - a) * h + a * torch.tanh(x @ U.T + b),
+                          "leaves out the recurrent term"),
+    "candidate not weighted": (lambda x, h, W, U, b, a: (1 - a) * h + _candidate(x, h, W, U, b),
+                               "did not weight the candidate"),
+    "old state not weighted": (lambda x, h, W, U, b, a: h + a * _candidate(x, h, W, U, b),
+                               "kept all of the old state"),
+    "no bias": (lambda x, h, W, U, b, a: (1 - a) * h + a * torch.tanh(h @ W.T + x @ U.T),
+                "missing the bias"),
+    "W not transposed": (lambda x, h, W, U, b, a: (1 - a) * h + a * torch.tanh(
+        h @ W + x @ U.T + b), r"h_prev @ W, which is W\^T h"),
+    "W @ h with a batch": (
+        lambda x, h, W, U, b, a: (1 - a) * h + a * (
+            torch.tanh(W @ h + U @ x + b) if x.dim() == 1 or (
+                h.shape[0] == W.shape[0] and x.shape[0] == U.shape[1])
+            else _candidate(x, h, W, U, b)),
+        "mixes the examples of the batch"),
+    "a wrong constant": (lambda x, h, W, U, b, a: 0.5 * h + 0.5 * _candidate(x, h, W, U, b),
+                         r"wrong values \(case"),
+    "overwrites h_prev": (
+        lambda x, h, W, U, b, a: h.mul_(1 - a).add_(a * _candidate(x, h, W, U, b)),
+        "changed its input 'h' in place"),
+    "returns None": (lambda x, h, W, U, b, a: None, "forget to return"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_LEAKY))
+def test_leaky_step_rejects_wrong_answers(name):
+    fn, message = WRONG_LEAKY[name]
+    with pytest.raises(CheckFailure, match=f"(?s){message}"):
+        check_leaky_step(fn)
+
+
+def test_leaky_step_stub_propagates():
+    def stub(x_t, h_prev, W, U, b, a):
+        raise NotImplementedError("Exercise 1.1: write the body of leaky_step")
+
+    with pytest.raises(NotImplementedError, match="Exercise 1.1"):
+        check_leaky_step(stub)

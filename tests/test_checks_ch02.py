@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,16 +14,21 @@ from helpers import stub
 from course_lib import attention
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch02 import (
+    SUSPECT_ANSWERS,
     attention_layer,
     buggy_attention,
     check_attention_weights,
+    check_equivariance_study,
     check_fixed_attention,
     check_is_permutation_equivariant,
     check_scaled_dot_product_attention,
     check_score_std_predictions,
     check_scores_gradient,
     check_self_attention,
+    check_weight_predictions,
+    equivariance_suspects,
     measure_score_stds,
+    measure_weight_changes,
 )
 
 # --------------------------------------------------------------------------- 2.1 attention_weights
@@ -560,11 +566,23 @@ WRONG_FIXES = {
 
 @pytest.mark.filterwarnings("ignore:The use of `x.T`")
 @pytest.mark.parametrize("name", list(WRONG_FIXES))
-def test_fixed_attention_rejects_wrong_fixes_and_names_the_instrument(name):
+def test_fixed_attention_rejects_wrong_fixes(name):
     fn, message = WRONG_FIXES[name]
-    with pytest.raises(CheckFailure, match=f"(?s){message}.*Instrument that finds it: the "
-                                           r"rows of attention weights sum to 1"):
+    with pytest.raises(CheckFailure, match=f"(?s){message}") as failure:
         check_fixed_attention(fn)
+    # the instrument that finds the planted bug is named only when the output is that bug's
+    planted = name == "unchanged (dim=1)"
+    assert ("Instrument that finds it" in str(failure.value)) == planted
+
+
+def test_fixed_attention_names_the_instrument_for_the_planted_bug_rewritten():
+    def planted_with_einsum(q, k, v):
+        scores = torch.einsum("...td,...sd->...ts", q, k) / math.sqrt(q.shape[-1])
+        return torch.einsum("...ts,...sd->...td", scores.softmax(dim=1), v)
+
+    with pytest.raises(CheckFailure, match=r"(?s)planted bug.*Instrument that finds it: the "
+                                           r"rows of attention weights sum to 1"):
+        check_fixed_attention(planted_with_einsum)
 
 
 def test_fixed_attentionstub_propagates():
@@ -583,10 +601,10 @@ def test_measured_stds_are_close_to_the_exact_values():
 
 
 @pytest.mark.parametrize("answer", [
-    (8, 4),
+    (8.0, 4.0),
     [8.0, 4.0],
     (math.sqrt(64), 2 * 2 * math.sqrt(64) / math.sqrt(64)),
-    (torch.tensor(8.0), torch.tensor([4.0])),
+    (np.float64(8.0), np.float32(4.0)),
     (7.5, 4.3),  # within 15%: a prediction, not a measurement to three digits
 ])
 def test_score_std_predictions_accept_right_predictions_in_any_form(answer, capsys):
@@ -596,15 +614,27 @@ def test_score_std_predictions_accept_right_predictions_in_any_form(answer, caps
     assert "Measured over 100,000 random pairs" in out
 
 
+@pytest.mark.parametrize("answer, message", [
+    ((8, 4), r"should be a number: return a float.*float\(\.\.\.\) makes it a float"),
+    ((8.0, np.int64(4)), r"second prediction.*float\(\.\.\.\)"),
+    ((torch.tensor(8.0), 4.0), r"first prediction.*a tensor: turn it into a Python number"),
+    ((True, 4.0), "should be a number"),
+    ((8.0, None), "should be a number"),
+])
+def test_score_std_predictions_follow_the_one_rule_for_numbers(answer, message):
+    with pytest.raises(CheckFailure, match=f"(?is){message}"):
+        check_score_std_predictions(lambda: answer)
+
+
 WRONG_PREDICTIONS = {
-    "the variance": ((64, 4), r"64 is the variance of q \. k"),
-    "the scaled spread": ((1, 4), "spread after dividing by sqrt"),
-    "the mean": ((0, 4), "the mean of q"),
-    "scaling also fixes the entries": ((8, 1), "not the size of the entries"),
-    "std 2 per product": ((8, 2), "variances multiply"),
-    "variance of the scaled score": ((8, 16), "16 is the variance of the scaled score"),
-    "forgot the scaling": ((8, 32), "before the scaling"),
-    "something else": ((8, 6), r"measured: 4\.00.*variance of a product"),
+    "the variance": ((64.0, 4.0), r"64 is the variance of q \. k"),
+    "the scaled spread": ((1.0, 4.0), "spread after dividing by sqrt"),
+    "the mean": ((0.0, 4.0), "the mean of q"),
+    "scaling also fixes the entries": ((8.0, 1.0), "not the size of the entries"),
+    "std 2 per product": ((8.0, 2.0), "variances multiply"),
+    "variance of the scaled score": ((8.0, 16.0), "16 is the variance of the scaled score"),
+    "forgot the scaling": ((8.0, 32.0), "before the scaling"),
+    "something else": ((8.0, 6.0), r"measured: 4\.00.*variance of a product"),
 }
 
 
@@ -617,8 +647,7 @@ def test_score_std_predictions_reject_misconceptions_and_show_the_measurement(na
         check_score_std_predictions(lambda: answer)
 
 
-@pytest.mark.parametrize("answer", [8, "8, 4", (8,), (8, 4, 2), (8, None), (True, 4),
-                                    (8, torch.tensor([4.0, 4.0]))])
+@pytest.mark.parametrize("answer", [8.0, "8, 4", (8.0,), (8.0, 4.0, 2.0), {8.0, 4.0}])
 def test_score_std_predictions_want_two_numbers(answer):
     with pytest.raises(CheckFailure, match="should return two numbers"):
         check_score_std_predictions(lambda: answer)
@@ -627,3 +656,147 @@ def test_score_std_predictions_want_two_numbers(answer):
 def test_score_std_predictionsstub_propagates():
     with pytest.raises(NotImplementedError):
         check_score_std_predictions(stub)
+
+
+# ------------------------------------- 2.1 my_weight_predictions (predict, then verify)
+
+RIGHT_WEIGHT_PREDICTIONS = {"zero queries": 0.2, "shift keys": False, "shift queries": True,
+                            "double inputs": "sharper"}
+
+
+def test_weight_measurement_agrees_with_torch():
+    """The truths the check grades against, recomputed with torch.softmax on the same data."""
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(5, 8, generator=gen)
+    w_q, w_k = torch.randn(4, 8, generator=gen) * 0.5, torch.randn(4, 8, generator=gen) * 0.5
+    c = torch.randn(4, generator=gen) * 2.0
+
+    def weights(q, k):
+        return torch.softmax(q @ k.T / 2.0, dim=-1)  # d_k = 4
+
+    base = weights(x @ w_q.T, x @ w_k.T)
+    m = measure_weight_changes()
+    assert m["zero queries"] == pytest.approx(1 / 5)
+    assert m["shift keys"] == pytest.approx(
+        float((weights(x @ w_q.T, x @ w_k.T + c) - base).abs().max()), abs=1e-6)
+    assert m["shift keys"] < 1e-4
+    assert m["shift queries"] == pytest.approx(
+        float((weights(x @ w_q.T + c, x @ w_k.T) - base).abs().max()), abs=1e-5)
+    assert m["shift queries"] > 0.1
+    before, after = m["double inputs"]
+    assert after < before - 0.1
+
+
+@pytest.mark.parametrize("answer", [
+    RIGHT_WEIGHT_PREDICTIONS,
+    {**RIGHT_WEIGHT_PREDICTIONS, "zero queries": 1 / 5},
+    {**RIGHT_WEIGHT_PREDICTIONS, "zero queries": np.float64(0.2), "shift keys": np.bool_(False)},
+    {**RIGHT_WEIGHT_PREDICTIONS, "zero queries": 0.205, "double inputs": " Sharper "},
+])
+def test_weight_predictions_accept_right_answers(answer, capsys):
+    check_weight_predictions(lambda: answer)
+    out = capsys.readouterr().out
+    assert "your predictions match the measurement" in out
+    assert "row entropy" in out
+
+
+WRONG_WEIGHT_PREDICTIONS = {
+    "zero weights": ({"zero queries": 0.0}, r"'zero queries'.*1/T"),
+    "one-hot": ({"zero queries": 1.0}, r"'zero queries'.*1/T"),
+    "keys matter": ({"shift keys": True}, r"'shift keys'.*ignores a constant"),
+    "queries do not": ({"shift queries": False}, r"'shift queries'.*different number"),
+    "unchanged": ({"double inputs": "unchanged"}, r"'double inputs'.*multiplied by 4"),
+    "flatter": ({"double inputs": "flatter"}, r"'double inputs'.*sharper"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_WEIGHT_PREDICTIONS))
+def test_weight_predictions_reject_wrong_answers_and_explain_only_those(name, capsys):
+    change, message = WRONG_WEIGHT_PREDICTIONS[name]
+    with pytest.raises(CheckFailure, match=f"(?s){message}") as failure:
+        check_weight_predictions(lambda: {**RIGHT_WEIGHT_PREDICTIONS, **change})
+    for key in RIGHT_WEIGHT_PREDICTIONS:  # a right prediction gets no explanation
+        assert (f"{key!r}:" in str(failure.value)) == (key in change)
+    assert "measured" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, message", [
+    ({**RIGHT_WEIGHT_PREDICTIONS, "zero queries": 1}, r"float\(\.\.\.\) makes it a float"),
+    ({**RIGHT_WEIGHT_PREDICTIONS, "zero queries": torch.tensor(0.2)}, r"\.item\(\)"),
+    ({**RIGHT_WEIGHT_PREDICTIONS, "shift keys": "no"}, "True .* or False"),
+    ({**RIGHT_WEIGHT_PREDICTIONS, "shift queries": 1}, "True .* or False"),
+    ({**RIGHT_WEIGHT_PREDICTIONS, "double inputs": "more peaked"}, "choose one of"),
+    ({"zero queries": 0.2}, "lacks the key"),
+    ([0.2, False, True, "sharper"], "should return a dict"),
+])
+def test_weight_predictions_refuse_answers_of_the_wrong_form(answer, message):
+    with pytest.raises(CheckFailure, match=message):
+        check_weight_predictions(lambda: answer)
+
+
+def test_weight_predictions_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_weight_predictions(stub)
+
+
+# ------------------------------ 2.5 predict_equivariant + is_permutation_equivariant (study)
+
+
+def test_the_suspects_answers_are_what_a_direct_test_finds():
+    gen = torch.Generator().manual_seed(0)
+    for name, f in equivariance_suspects().items():
+        x = torch.randn(3, 7, 8, generator=gen)
+        perm = torch.tensor([3, 0, 6, 1, 5, 2, 4])
+        found = torch.allclose(f(x[:, perm]), f(x)[:, perm], atol=1e-5)
+        assert found == SUSPECT_ANSWERS[name], name
+        if name == "causal attention":  # it is causal: changing token 6 leaves 0..5 alone
+            y = x.clone()
+            y[:, 6] += 1.0
+            torch.testing.assert_close(f(y)[:, :6], f(x)[:, :6])
+
+
+@pytest.mark.parametrize("tester", [equivariant_allclose, equivariant_index_select,
+                                    equivariant_assert_close])
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_equivariance_study_accepts_right_answers(tester, as_numpy, capsys):
+    answers = {k: np.bool_(v) if as_numpy else v for k, v in SUSPECT_ANSWERS.items()}
+    check_equivariance_study(lambda: answers, tester)
+    out = capsys.readouterr().out
+    assert "your predictions match it" in out
+    assert "your tester says" in out
+
+
+@pytest.mark.parametrize("name", list(SUSPECT_ANSWERS))
+def test_equivariance_study_rejects_each_wrong_prediction_by_name(name):
+    answers = {**SUSPECT_ANSWERS, name: not SUSPECT_ANSWERS[name]}
+    verdict = "is equivariant" if SUSPECT_ANSWERS[name] else "is not equivariant"
+    with pytest.raises(CheckFailure, match=f"'{name}' {verdict}") as failure:
+        check_equivariance_study(lambda: answers, equivariant_allclose)
+    others = [n for n in SUSPECT_ANSWERS if n != name]
+    assert not any(f"'{n}'" in str(failure.value) for n in others)
+
+
+@pytest.mark.parametrize("name", ["no permutation of f(X)", "inverse permutation",
+                                  "permutes the first axis", "always True"])
+def test_equivariance_study_grades_the_tester_before_using_it(name):
+    tester, message = WRONG_EQUIVARIANCE[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_equivariance_study(lambda: dict(SUSPECT_ANSWERS), tester)
+
+
+@pytest.mark.parametrize("answer, message", [
+    ({**SUSPECT_ANSWERS, "attention": "yes"}, r"'attention' should be True"),
+    ({**SUSPECT_ANSWERS, "per-token MLP": 1}, r"'per-token MLP' should be True"),
+    ({"attention": True}, "lacks the key"),
+    ({True, False}, "should return a dict"),
+])
+def test_equivariance_study_refuses_predictions_of_the_wrong_form(answer, message):
+    with pytest.raises(CheckFailure, match=message):
+        check_equivariance_study(lambda: answer, equivariant_allclose)
+
+
+def test_equivariance_study_stubs_propagate():
+    with pytest.raises(NotImplementedError):
+        check_equivariance_study(stub, equivariant_allclose)
+    with pytest.raises(NotImplementedError):
+        check_equivariance_study(lambda: dict(SUSPECT_ANSWERS), stub)

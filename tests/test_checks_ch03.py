@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from helpers import stub
@@ -16,11 +17,14 @@ from course_lib import positions
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch03 import (
     check_alibi_bias,
+    check_alibi_slopes,
     check_apply_rope,
     check_fixed_rope,
     check_ntk_base,
+    check_shift_predictions,
     check_sinusoidal_encoding,
     check_value_routes,
+    measure_shifted_weights,
     measure_value_routes,
 )
 
@@ -410,14 +414,18 @@ def ntk_from_the_idea(d_head, factor, base):
     """Solve for the base whose slowest pair turns `factor` times more slowly, via logs."""
     slowest = (d_head - 2) / d_head
     return torch.exp(torch.log(torch.tensor(base, dtype=torch.float64))
-                     + torch.log(torch.tensor(factor, dtype=torch.float64)) / slowest)
+                     + torch.log(torch.tensor(factor, dtype=torch.float64)) / slowest).item()
+
+
+def ntk_numpy(d_head, factor, base):
+    return np.float64(base) * np.float64(factor) ** (d_head / (d_head - 2))
 
 
 def ntk_library(d_head, factor, base):
     return positions.ntk_scaled_base(d_head, factor, base=base)
 
 
-@pytest.mark.parametrize("fn", [ntk_formula, ntk_from_the_idea, ntk_library])
+@pytest.mark.parametrize("fn", [ntk_formula, ntk_from_the_idea, ntk_library, ntk_numpy])
 def test_ntk_base_accepts_correct_answers(fn, capsys):
     check_ntk_base(fn)
     assert "ntk_scaled_base is correct" in capsys.readouterr().out
@@ -428,8 +436,11 @@ WRONG_NTK = {
     "exponent upside down": (lambda d, s, b: b * s ** ((d - 2) / d), "slowest pair"),
     "divided": (lambda d, s, b: b / s ** (d / (d - 2)), "should be slowed by the full factor"),
     "forgot the base": (lambda d, s, b: s ** (d / (d - 2)), "slowest pair"),
-    "a string": (lambda d, s, b: "52780", "one positive number"),
-    "a vector": (lambda d, s, b: torch.full((3,), b), "one positive number"),
+    "a string": (lambda d, s, b: "52780", "should be a number"),
+    "a vector": (lambda d, s, b: torch.full((3,), b), r"should be a number.*\.item\(\)"),
+    "a 0-d tensor": (lambda d, s, b: torch.tensor(b * s ** (d / (d - 2))), r"\.item\(\)"),
+    "an int": (lambda d, s, b: round(b * s ** (d / (d - 2))), r"float\(\.\.\.\) makes it"),
+    "negative": (lambda d, s, b: -b * s ** (d / (d - 2)), "one positive number"),
 }
 
 
@@ -450,4 +461,136 @@ def test_value_routes_leaves_the_learners_random_state_alone(capsys):
     expected = torch.rand(3)
     torch.manual_seed(5)
     check_value_routes(lambda: {"input", "qkv"})
+    assert torch.equal(torch.rand(3), expected)
+
+
+# ------------------------------------------------------ 3.2 alibi_slopes for any head count
+
+
+def slopes_rule(n_heads):
+    n = 2 ** math.floor(math.log2(n_heads))
+    first = [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+    between = [2.0 ** (-8.0 * h / (2 * n)) for h in range(1, 2 * n + 1, 2)]
+    return torch.tensor(first + between[: n_heads - n])
+
+
+def slopes_geometric_means(n_heads):
+    # the extra slopes are the geometric means of neighbours (and 2^(-4/n) before the first)
+    n = 1 << (n_heads.bit_length() - 1)
+    first = torch.tensor([2.0 ** (-8.0 * h / n) for h in range(1, n + 1)], dtype=torch.float64)
+    previous = torch.cat([torch.ones(1, dtype=torch.float64), first[:-1]])
+    return torch.cat([first, (previous * first).sqrt()[: n_heads - n]])
+
+
+def slopes_library(n_heads):
+    return positions.alibi_slopes(n_heads)
+
+
+@pytest.mark.parametrize("fn", [slopes_rule, slopes_geometric_means, slopes_library])
+def test_alibi_slopes_accept_correct_answers(fn, capsys):
+    check_alibi_slopes(fn)
+    assert "alibi_slopes is correct" in capsys.readouterr().out
+
+
+def _power(h, *, start=0):
+    n = 2 ** math.floor(math.log2(h))
+    first = [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
+    return n, first, [2.0 ** (-8.0 * k / (2 * n)) for k in range(1, 2 * n + 1)][start::2]
+
+
+WRONG_SLOPES = {
+    "2^(-8h/H) for every H": (
+        lambda h: 2.0 ** (-8.0 * torch.arange(1, h + 1) / h), "with H itself"),
+    "2nd, 4th, ... of 2n": (
+        lambda h: torch.tensor(_power(h)[1] + _power(h, start=1)[2][: h - _power(h)[0]]),
+        "the 2nd, 4th"),
+    "first H of 2n": (
+        lambda h: torch.tensor([2.0 ** (-8.0 * k / (2 * _power(h)[0])) for k in range(1, h + 1)])
+        if h & (h - 1) else positions.alibi_slopes(h),
+        "first H slopes of the next power"),
+    "extras first": (
+        lambda h: torch.tensor(_power(h)[2][: h - _power(h)[0]] + _power(h)[1]),
+        "wrong order"),
+    "sorted": (lambda h: positions.alibi_slopes(h).sort(descending=True).values,
+               "You sorted the slopes"),
+    "only n slopes": (lambda h: torch.tensor(_power(h)[1]), r"only the slopes of the closest"),
+    "reversed": (lambda h: positions.alibi_slopes(h).flip(0),
+                 r"wrong values \(case '6 heads'"),
+    "a list": (lambda h: positions.alibi_slopes(h).tolist(), "should be a tensor"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_SLOPES))
+def test_alibi_slopes_reject_wrong_answers(name):
+    fn, message = WRONG_SLOPES[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_alibi_slopes(fn)
+
+
+def test_alibi_slopes_stub_propagates():
+    with pytest.raises(NotImplementedError):
+        check_alibi_slopes(stub)
+
+
+# ----------------------------------------- 3.4 which weights survive a shift? (predict, verify)
+
+
+def test_shift_measurement_matches_the_references():
+    """ALiBi and RoPE are relative (torch's own rotation of a pair agrees); the added routes
+    are not."""
+    change = measure_shifted_weights()
+    assert change["alibi"] <= 1e-4 and change["rope"] <= 1e-4
+    assert change["input"] > 0.01 and change["qkv"] > 0.01
+    # RoPE's relative property with a rotation built from torch.polar, not course_lib
+    q, k = torch.randn(2, 1, 2, generator=torch.Generator().manual_seed(0))
+    def rotate(x, p):
+        z = torch.view_as_complex(x.contiguous()) * torch.polar(torch.ones(1), torch.tensor([p]))
+        return torch.view_as_real(z)
+    score = [float((rotate(q, p) * rotate(k, p + 3.0)).sum()) for p in (0.0, 50.0)]
+    assert score[0] == pytest.approx(score[1], abs=1e-5)
+
+
+@pytest.mark.parametrize("answer", [{"alibi", "rope"}, ["rope", "alibi"], (" ALiBi", "RoPE"),
+                                    frozenset({"alibi", "rope"})])
+def test_shift_predictions_accept_the_right_set_in_any_form(answer, capsys):
+    check_shift_predictions(lambda: answer)
+    out = capsys.readouterr().out
+    assert "right: only ['alibi', 'rope']" in out
+
+
+WRONG_SHIFTS = {
+    "sinusoids are relative": ({"input", "alibi", "rope"},
+                               r"in 'input' the weights change: .*cross terms"),
+    "everything is relative": ({"input", "qkv", "alibi", "rope"},
+                               r"(?s)'input' the weights change.*'qkv' the weights change"),
+    "RoPE is absolute": ({"alibi"}, r"in 'rope' the weights stay the same"),
+    "nothing survives": (set(), r"(?s)'alibi' the weights stay.*'rope' the weights stay"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_SHIFTS))
+def test_shift_predictions_reject_wrong_sets_naming_only_the_wrong_routes(name, capsys):
+    answer, message = WRONG_SHIFTS[name]
+    with pytest.raises(CheckFailure, match=message) as failure:
+        check_shift_predictions(lambda: answer)
+    wrong = answer ^ {"alibi", "rope"}
+    for route in ("input", "qkv", "alibi", "rope"):
+        assert (f"in '{route}'" in str(failure.value)) == (route in wrong)
+    assert "largest change of an attention weight" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, message", [("positions", "not a route name"),
+                                             (3, "set of route names")])
+def test_shift_predictions_refuse_other_answers(answer, message):
+    with pytest.raises(CheckFailure, match=message):
+        check_shift_predictions(lambda: answer)
+
+
+def test_shift_predictions_stub_and_random_state():
+    with pytest.raises(NotImplementedError):
+        check_shift_predictions(stub)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    check_shift_predictions(lambda: {"alibi", "rope"})
     assert torch.equal(torch.rand(3), expected)

@@ -98,6 +98,27 @@ def prose_words(nb: nbformat.NotebookNode) -> int:
     return sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
 
 
+def first_reading_minutes(nb: nbformat.NotebookNode) -> float:
+    """Minutes a first reading of a core notebook takes, counted the same way for every chapter
+    (chapter 00 states the rule): prose at 100 words a minute, code at 15 lines a minute (the
+    set-up cell and comment lines left out), 3 minutes per prediction, 5 for the check-yourself
+    questions. Calibrated on readers' times for the whole course; running a core notebook adds
+    seconds (pytest prints each one's execution time)."""
+    code_lines = sum(
+        1 for c in nb.cells if c.cell_type == "code" and not c.source.startswith("# Set-up")
+        for line in c.source.splitlines() if line.strip() and not line.strip().startswith("#"))
+    predictions = sum(c.source.count("**Predict") for c in nb.cells if c.cell_type == "markdown")
+    return prose_words(nb) / 100 + code_lines / 15 + 3 * predictions + 5
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=_ids(LECTURES))
+def test_core_notebook_states_the_minutes_a_first_reading_takes(path):
+    nb = nbformat.read(path, as_version=4)
+    stated = int(re.search(r"\*\*Time:\*\* about (\d+) min", nb.cells[0].source).group(1))
+    counted = first_reading_minutes(nb)
+    assert abs(stated - counted) <= 5, f"states {stated} min; the rule counts {counted:.0f}"
+
+
 @pytest.mark.parametrize("path", LECTURES, ids=_ids(LECTURES))
 def test_core_notebook_is_an_hour_with_its_time_and_prerequisites(path):
     nb = nbformat.read(path, as_version=4)

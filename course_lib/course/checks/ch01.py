@@ -127,6 +127,91 @@ def check_elman_step(elman_step_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Exercise 1.1: leaky_step, h_t = (1 - a) h_{t-1} + a tanh(W h_{t-1} + U x_t + b)
+# (check_elman_step above serves the plain step, the exercise of an earlier edition)
+
+LEAKY_HINT = (
+    "the new state mixes two vectors of the shape of h_prev: the old state h_prev, weighted "
+    "1 - a, and the Elman step's candidate tanh(W h_prev + U x_t + b), weighted a. " + STEP_HINT
+)
+
+
+def leaky_reference(x_t, h_prev, W, U, b, a) -> torch.Tensor:
+    """The leaky step from course_lib's Elman step: (1 - a) h_prev + a elman_step(...)."""
+    return (1 - a) * h_prev + a * elman_step(x_t, h_prev, W, U, b)
+
+
+def _leaky_cases(seed: int) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    rates = (0.3, 0.1, 0.5, 0.25, 0.8, 0.6, 1.0)
+    steps = _step_cases(seed)
+    return [Case(f"{c.name}, a={a}", (*c.args, a), hint=LEAKY_HINT)
+            for c, a in zip(steps, rates, strict=True)] + [
+        Case("batch of 3, Din=2, H=3, a=0.05 (a slow state)",
+             (*_step_case("", gen, 3, 2, 3).args, 0.05), hint=LEAKY_HINT)]
+
+
+def _elman(x, h, W, U, b) -> torch.Tensor:
+    return elman_step(x, h, W, U, b)
+
+
+LEAKY_MISTAKES = [
+    Misconception(
+        lambda x, h, W, U, b, a: a * h + (1 - a) * _elman(x, h, W, U, b),
+        "Your weights look swapped: the old state gets 1 - a and the candidate a, so that "
+        "a = 1 gives the plain Elman step and a small a keeps most of the old state",
+    ),
+    Misconception(
+        lambda x, h, W, U, b, a: _elman(x, h, W, U, b),
+        "Your h_t is the plain Elman step: the old state must be kept in part, "
+        "h_t = (1 - a) h_prev + a tanh(...)",
+    ),
+    Misconception(
+        lambda x, h, W, U, b, a: torch.tanh((1 - a) * h + a * (h @ W.T + x @ U.T + b)),
+        "You mixed the old state into the tanh's argument: the mix comes after the tanh, "
+        "(1 - a) h_prev + a tanh(W h_prev + U x_t + b), so the old state passes through "
+        "unsquashed",
+    ),
+    Misconception(
+        lambda x, h, W, U, b, a: (1 - a) * h + a * (h @ W.T + x @ U.T + b),
+        "Your candidate has no nonlinearity: apply torch.tanh to W h_prev + U x_t + b",
+    ),
+    Misconception(
+        lambda x, h, W, U, b, a: (1 - a) * h + a * torch.tanh(x @ U.T + b),
+        "Your candidate leaves out the recurrent term W h_prev: the candidate is the whole "
+        "Elman step, tanh(W h_prev + U x_t + b)",
+    ),
+    Misconception(
+        lambda x, h, W, U, b, a: (1 - a) * h + _elman(x, h, W, U, b),
+        "You did not weight the candidate by a: h_t = (1 - a) h_prev + a tanh(...)",
+    ),
+    Misconception(
+        lambda x, h, W, U, b, a: h + a * _elman(x, h, W, U, b),
+        "You kept all of the old state: weight it by 1 - a, so the two weights add up to 1",
+    ),
+    *(Misconception(lambda x, h, W, U, b, a, _w=m.wrong: None if _w(x, h, W, U, b) is None
+                    else (1 - a) * h + a * _w(x, h, W, U, b), m.message)
+      for m in STEP_MISTAKES[3:9]),  # the Elman step's bias, swap and transpose mistakes
+]
+
+
+def check_leaky_step(leaky_step_fn: Callable) -> None:
+    """Check ``leaky_step(x_t, h_prev, W, U, b, a)`` = (1 - a) h_prev + a tanh(W h_prev +
+    U x_t + b) against course_lib's elman_step.
+
+    Args:
+        leaky_step_fn: the learner's function; x_t (B, Din) or (Din,), h_prev (B, H) or (H,),
+            W (H, H), U (H, Din), b (H,), a a float in (0, 1]; returns h_t (B, H) or (H,).
+    """
+
+    def check_one(got, case: Case) -> None:
+        expected = leaky_reference(*case.args)
+        compare_tensors(got, expected, case, what="Your h_t", misconceptions=LEAKY_MISTAKES)
+
+    run_cases("leaky_step", leaky_step_fn, _leaky_cases(seed=101), check_one)
+
+
+# --------------------------------------------------------------------------------------------
 # Exercise 1.2: elman_forward
 
 FORWARD_HINT = (
@@ -285,6 +370,8 @@ def check_elman_forward(elman_forward_fn: Callable) -> None:
     try:
         run_cases("elman_forward", elman_forward_fn, cases, check_one)
     except CheckFailure as failure:
+        if not str(failure).startswith(FORWARD_MISTAKES[0].message):
+            raise  # the instrument's note belongs to the planted bug only
         raise CheckFailure(f"{failure}\n{FORWARD_INSTRUMENT.format(n=len(cases))}") from None
 
 
@@ -725,6 +812,7 @@ def check_additive_attention(additive_attention: Callable) -> None:
 
 __all__ = [
     "check_additive_attention",
+    "check_leaky_step",
     "check_elman_forward",
     "check_elman_step",
     "check_gradient_norms",

@@ -1,14 +1,17 @@
 """Checks for chapter 02, self-attention.
 
 Exercises and their checks:
-    2.1 ``attention_weights(q, k)``               -> :func:`check_attention_weights`
+    2.1 ``my_weight_predictions()`` (predict)      -> :func:`check_weight_predictions`
     2.2 ``fixed_attention(q, k, v)`` (find the bug) -> :func:`check_fixed_attention`
     2.3 ``my_predictions()`` (predict, then verify) -> :func:`check_score_std_predictions`
     2.4 ``scores_gradient(weights, v, grad_out)``  -> :func:`check_scores_gradient`
-    2.5 ``is_permutation_equivariant(f, X, perm)`` -> :func:`check_is_permutation_equivariant`
+    2.5 ``predict_equivariant()`` and ``is_permutation_equivariant(f, X, perm)``
+        -> :func:`check_equivariance_study` (the tester alone:
+        :func:`check_is_permutation_equivariant`)
 
-Two checks serve no exercise of the current notebook, for anyone who writes the function:
-:func:`check_self_attention` (``self_attention(X, W_q, W_k, W_v)``, formerly exercise 2.2)
+Three checks serve no exercise of the current notebook, for anyone who writes the function:
+:func:`check_self_attention` (``self_attention(X, W_q, W_k, W_v)``, formerly exercise 2.2),
+:func:`check_attention_weights` (``attention_weights(q, k)``, formerly exercise 2.1)
 and :func:`check_scaled_dot_product_attention` (a batched ``(out, weights)`` function).
 
 Shape legend: T query length, S key length, d_in input size, d_k query/key size, d_v value size.
@@ -18,14 +21,19 @@ Weight matrices use nn.Linear's (out, in) layout: W_q is (d_k, d_in) and Q = X @
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from course_lib.attention import attention_scores, scaled_dot_product_attention, softmax
+from course_lib.attention import (
+    attention_scores,
+    causal_mask,
+    scaled_dot_product_attention,
+    softmax,
+)
 from course_lib.positions import sinusoidal_encoding
 
 from ._core import (
@@ -38,7 +46,9 @@ from ._core import (
     call_learner,
     compare_tensors,
     describe,
+    prediction_dict,
     rand,
+    require_real,
     run_cases,
 )
 
@@ -229,6 +239,126 @@ def check_attention_weights(attention_weights: Callable) -> None:
     run_cases("attention_weights", attention_weights, _qk_cases(seed=2), check_one)
 
 
+# --------------------------------------------------------------- exercise 2.1 (predictions)
+# Predict, then verify: what changes the attention weights? One fixed sentence (T = 5 tokens,
+# D = 8) and fixed projections (d_k = 4); each question changes one thing and the check
+# measures the weights before and after with course_lib's scaled_dot_product_attention.
+
+WEIGHT_QUESTIONS = ("zero queries", "shift keys", "shift queries", "double inputs")
+SHARPNESS_CHOICES = ("sharper", "flatter", "unchanged")
+WEIGHT_TOKENS = 5
+
+
+def _weights_of(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, *,
+                q_shift: torch.Tensor | None = None,
+                k_shift: torch.Tensor | None = None) -> torch.Tensor:
+    q, k = x @ w_q.T, x @ w_k.T  # (T, d_k) each
+    q = q if q_shift is None else q + q_shift
+    k = k if k_shift is None else k + k_shift
+    return scaled_dot_product_attention(q, k, k)[1]  # (T, T)
+
+
+def _row_entropy(weights: torch.Tensor) -> float:
+    return float(-(weights * weights.clamp_min(1e-30).log()).sum(-1).mean())
+
+
+def measure_weight_changes(seed: int = 21) -> dict[str, Any]:
+    """The measurements behind exercise 2.1's questions (seeded; the global stream is left
+    alone): the weights with all queries zero, whether adding one vector to every key or to
+    every query changes the weights, and whether doubling the input makes the rows sharper."""
+    gen = torch.Generator().manual_seed(seed)
+    x = rand(gen, WEIGHT_TOKENS, 8)  # (T, D)
+    w_q, w_k = rand(gen, 4, 8, scale=0.5), rand(gen, 4, 8, scale=0.5)  # (d_k, D)
+    c = rand(gen, 4, scale=2.0)  # (d_k,): one vector added to every key, or to every query
+    base = _weights_of(x, w_q, w_k)  # (T, T)
+    zero = _weights_of(x, torch.zeros_like(w_q), w_k)
+    keys = _weights_of(x, w_q, w_k, k_shift=c)
+    queries = _weights_of(x, w_q, w_k, q_shift=c)
+    doubled = _weights_of(2 * x, w_q, w_k)
+    before, after = _row_entropy(base), _row_entropy(doubled)
+    return {
+        "zero queries": float(zero.mean()),
+        "shift keys": float((keys - base).abs().max()),
+        "shift queries": float((queries - base).abs().max()),
+        "double inputs": (before, after),
+    }
+
+
+WEIGHT_WHY = {
+    "zero queries": "A zero query has score 0 with every key, and the softmax of T equal "
+                    "scores is 1/T in every place",
+    "shift keys": "Adding c to every key adds q_i . c to every score of row i: the same "
+                  "number across the row, and the softmax ignores a constant added to a "
+                  "whole row",
+    "shift queries": "Adding c to every query adds c . k_j to score (i, j): a different "
+                     "number for each key, so the weights change",
+    "double inputs": "Both the queries and the keys double, so every score is multiplied by "
+                     "4: larger gaps between scores make each row's softmax sharper",
+}
+
+
+def _read_weight_predictions(got: Any) -> dict[str, Any]:
+    predictions = prediction_dict(got, WEIGHT_QUESTIONS, "my_weight_predictions()")
+    read: dict[str, Any] = {
+        "zero queries": require_real(predictions["zero queries"],
+                                     "Your prediction for 'zero queries'")}
+    for key in ("shift keys", "shift queries"):
+        answer = predictions[key]
+        if not isinstance(answer, bool | np.bool_):
+            raise CheckFailure(f"Your prediction for {key!r} should be True (the weights "
+                               f"change) or False (they do not), got {describe(answer)}")
+        read[key] = bool(answer)
+    answer = predictions["double inputs"]
+    choice = answer.strip().lower() if isinstance(answer, str) else None
+    if choice not in SHARPNESS_CHOICES:
+        raise CheckFailure(f"Your prediction for 'double inputs' is {answer!r}; choose one of "
+                           f"{SHARPNESS_CHOICES}")
+    read["double inputs"] = choice
+    return read
+
+
+def check_weight_predictions(my_weight_predictions: Callable[[], dict]) -> None:
+    """Grade the predictions of exercise 2.1, then print the measurement.
+
+    Args:
+        my_weight_predictions: the learner's function, no arguments, returning a dict with
+            "zero queries" (a float: every weight when all T = 5 queries are zero), "shift
+            keys" and "shift queries" (bools: do the weights change when one vector is added
+            to every key / every query?) and "double inputs" ("sharper", "flatter" or
+            "unchanged": the rows when the input X is doubled).
+    """
+    said = _read_weight_predictions(my_weight_predictions())
+    m = measure_weight_changes()
+    before, after = m["double inputs"]
+    if after < before - 1e-3:
+        sharpness = "sharper"
+    else:
+        sharpness = "flatter" if after > before + 1e-3 else "unchanged"
+    truth = {
+        "zero queries": m["zero queries"],
+        "shift keys": m["shift keys"] > 1e-4,
+        "shift queries": m["shift queries"] > 1e-4,
+        "double inputs": sharpness,
+    }
+    shown = {
+        "zero queries": f"every weight {m['zero queries']:.4f}",
+        "shift keys": ("largest change below 1e-4 (float rounding)" if m["shift keys"] < 1e-4
+                       else f"largest change {m['shift keys']:.2f}"),
+        "shift queries": f"largest change {m['shift queries']:.2f}",
+        "double inputs": f"row entropy {before:.2f} -> {after:.2f}",
+    }
+    print(f"{'question':>14} | {'you predicted':>13} | measured")
+    for key in WEIGHT_QUESTIONS:
+        print(f"{key:>14} | {str(said[key]):>13} | {shown[key]}")
+    wrong = [key for key in WEIGHT_QUESTIONS if (
+        abs(said[key] - truth[key]) > 0.01 if key == "zero queries" else said[key] != truth[key])]
+    if wrong:
+        raise CheckFailure("Not quite: " + " ".join(
+            f"{key!r}: {WEIGHT_WHY[key]}." for key in wrong))
+    print("\u2705 your predictions match the measurement: the softmax of each row ignores a "
+          "constant added to the whole row, and the scores grow with the square of the inputs")
+
+
 # --------------------------------------------------------------------------- exercise 2.2
 # Find the bug: an attention function whose softmax runs over dim=1. On one sentence, scores
 # are (T, S) and dim 1 is the keys, so it looks right; with a batch in front, (B, T, S), dim 1
@@ -322,14 +452,16 @@ def check_fixed_attention(fixed_attention: Callable) -> None:
                 f"(case '{case.name}')"
             )
         _batched_shape(got, expected, q, "the output")
-        compare_tensors(got, expected, case, what="Your output",
-                        misconceptions=FIXED_ATTENTION_MISTAKES)
+        try:
+            compare_tensors(got, expected, case, what="Your output",
+                            misconceptions=FIXED_ATTENTION_MISTAKES)
+        except CheckFailure as failure:
+            # the instrument belongs to the planted bug only: other failures keep their message
+            if str(failure).startswith(FIXED_ATTENTION_MISTAKES[0].message):
+                raise CheckFailure(f"{failure}\n{FIXED_ATTENTION_INSTRUMENT}") from None
+            raise
 
-    try:
-        run_cases("fixed_attention", fixed_attention, _fixed_attention_cases(seed=25),
-                  check_one)
-    except CheckFailure as failure:
-        raise CheckFailure(f"{failure}\n{FIXED_ATTENTION_INSTRUMENT}") from None
+    run_cases("fixed_attention", fixed_attention, _fixed_attention_cases(seed=25), check_one)
 
 
 # --------------------------------------------------------------------------- exercise 2.3
@@ -351,18 +483,6 @@ def measure_score_stds(d: int = PREDICTION_D, n_pairs: int = 100_000,
     dots = (q * k).sum(dim=-1)  # (N,)
     wide = ((2 * q) * (2 * k)).sum(dim=-1) / math.sqrt(d)  # (N,): entries of std 2, scaled
     return dots.std().item(), wide.std().item()
-
-
-def _as_number(value: Any) -> float | None:
-    """A learner's prediction as a float: numbers (numpy's too) and one-element tensors."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.dtype.is_complex:
-            return None
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 # (value the learner may say, what that value means) for each of the two predictions
@@ -409,13 +529,15 @@ def check_score_std_predictions(my_predictions: Callable) -> None:
             standard deviation of q . k / sqrt(64) when every entry of q and k has std 2.
     """
     got = call_learner(my_predictions, Case("your predictions"))
-    said = (tuple(_as_number(x) for x in got) if isinstance(got, (tuple, list)) and len(got) == 2
-            else None)
-    if said is None or None in said:
+    if not (isinstance(got, tuple | list) and len(got) == 2):
         raise CheckFailure(
             "my_predictions should return two numbers, (std_dot, std_scaled_wide), e.g. "
             f"return 3.0, 0.5; it returned {describe(got)}"
         )
+    said = (require_real(got[0], "Your first prediction, the std of q . k"),
+            require_real(got[1], "Your second prediction, the std of the scaled score"))
+    if not all(math.isfinite(x) for x in said):
+        raise CheckFailure(f"Your predictions should be finite numbers, got {said}")
     measured_dot, measured_wide = measure_score_stds()
     _grade_prediction(said[0], math.sqrt(PREDICTION_D), measured_dot,
                       "the std of q . k (unit-variance entries)", _STD_DOT_MISTAKES)
@@ -906,6 +1028,14 @@ def check_is_permutation_equivariant(is_permutation_equivariant: Callable) -> No
             range(T), and returning a bool: True if f(X[..., perm, :]) equals
             f(X)[..., perm, :] up to float rounding.
     """
+    cases = _grade_tester(is_permutation_equivariant)
+    labels = "; ".join(c.name for c in cases)
+    print(f"\u2705 is_permutation_equivariant is correct on all {len(cases)} test cases "
+          f"({labels})")
+
+
+def _grade_tester(is_permutation_equivariant: Callable) -> list[_EquivarianceCase]:
+    """Run the learner's tester on every case; raise CheckFailure on the first wrong answer."""
     cases = _equivariance_cases(seed=24)
     got = []
     for c in cases:
@@ -925,6 +1055,114 @@ def check_is_permutation_equivariant(is_permutation_equivariant: Callable) -> No
             f"{case.expected}: {case.why}. Compare f(X[..., perm, :]) with f(X)[..., perm, :] "
             "using torch.allclose(a, b, atol=1e-5)"
         )
-    labels = "; ".join(c.name for c in cases)
-    print(f"\u2705 is_permutation_equivariant is correct on all {len(cases)} test cases "
-          f"({labels})")
+    return cases
+
+
+# The five functions of exercise 2.5, each (..., T, 8) -> (..., T, 8): which of them are
+# permutation equivariant? The learner predicts, then the check runs the learner's tester on
+# each of them (a batch of inputs, several permutations) and grades the predictions against
+# the reference answers.
+
+
+def _causal_attention(d: int, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    w_q, w_k, w_v = (rand(gen, d, d, scale=1.0 / math.sqrt(d)) for _ in range(3))
+
+    def causal_attention(x: torch.Tensor) -> torch.Tensor:
+        mask = causal_mask(x.shape[-2], device=x.device)  # (T, T): query t sees keys 0..t
+        return scaled_dot_product_attention(x @ w_q.T, x @ w_k.T, x @ w_v.T, mask=mask)[0]
+
+    return causal_attention
+
+
+def _mean_added_back(x: torch.Tensor) -> torch.Tensor:
+    return x + x.mean(dim=-2, keepdim=True)  # (..., T, d)
+
+
+def equivariance_suspects(d: int = 8, seed: int = 25) -> dict[str, Callable]:
+    """The five functions of exercise 2.5, by name, each mapping (..., T, d) to (..., T, d)."""
+    attention = attention_layer(d, seed)
+    return {
+        "attention": attention,
+        "attention with positions": _with_positions(attention),
+        "causal attention": _causal_attention(d, seed),
+        "per-token MLP": _tokenwise_mlp(d, seed + 1),
+        "mean added back": _mean_added_back,
+    }
+
+
+SUSPECT_ANSWERS = {
+    "attention": True,
+    "attention with positions": False,
+    "causal attention": False,
+    "per-token MLP": True,
+    "mean added back": True,
+}
+
+SUSPECT_WHY = {
+    "attention": "without positions a token's weights depend only on the vectors of the "
+                 "tokens, not on where they stand, and the softmax's sum does not care about "
+                 "the order of its terms",
+    "attention with positions": "the position vector added to a token belongs to the place, "
+                                "not to the token: after a reordering each token carries "
+                                "another position vector",
+    "causal attention": "the mask lets token t see the tokens before it; after a reordering "
+                        "a token has other tokens before it, so it averages another set",
+    "per-token MLP": "each output row is computed from its own input row alone, so the rows "
+                     "simply move with the tokens",
+    "mean added back": "the mean over the tokens does not depend on their order, and adding "
+                       "the same vector to every row keeps the rows' order",
+}
+
+
+def _read_suspect_predictions(got: Any) -> dict[str, bool]:
+    predictions = prediction_dict(got, list(SUSPECT_ANSWERS), "predict_equivariant()")
+    read = {}
+    for name in SUSPECT_ANSWERS:
+        answer = predictions[name]
+        if not isinstance(answer, bool | np.bool_):
+            raise CheckFailure(f"Your prediction for {name!r} should be True (equivariant) or "
+                               f"False (not), got {describe(answer)}")
+        read[name] = bool(answer)
+    return read
+
+
+def _tester_verdict(tester: Callable, f: Callable, gen: torch.Generator) -> bool:
+    """The tester's answer over a batch of inputs and three permutations that move tokens."""
+    verdicts = []
+    for _ in range(3):
+        x = rand(gen, 2, 6, 8)  # (B, T, D)
+        perm = torch.randperm(6, generator=gen)
+        while bool((perm == torch.arange(6)).all()):
+            perm = torch.randperm(6, generator=gen)
+        case = Case("the five functions", (f, x, perm))
+        verdicts.append(_as_bool(call_learner(tester, case), case))
+    return all(verdicts)
+
+
+def check_equivariance_study(predict_equivariant: Callable[[], dict],
+                             is_permutation_equivariant: Callable) -> None:
+    """Exercise 2.5: grade the tester (as :func:`check_is_permutation_equivariant`), then the
+    predictions about :func:`equivariance_suspects`, and print what the tester measured.
+
+    Args:
+        predict_equivariant: the learner's function, no arguments, returning a dict that maps
+            each of the five names to True (equivariant) or False.
+        is_permutation_equivariant: the learner's tester, (f, X, perm) -> bool.
+    """
+    said = _read_suspect_predictions(predict_equivariant())
+    _grade_tester(is_permutation_equivariant)
+    gen = torch.Generator().manual_seed(26)
+    measured = {name: _tester_verdict(is_permutation_equivariant, f, gen)
+                for name, f in equivariance_suspects().items()}
+    print(f"{'function':>24} | {'you predicted':>13} | {'your tester says':>16}")
+    for name in SUSPECT_ANSWERS:
+        print(f"{name:>24} | {str(said[name]):>13} | {str(measured[name]):>16}")
+    wrong = [name for name in SUSPECT_ANSWERS if said[name] != SUSPECT_ANSWERS[name]]
+    if wrong:
+        raise CheckFailure("Your tester works, and it disagrees with some predictions: " + " ".join(
+            f"{name!r} is {'' if SUSPECT_ANSWERS[name] else 'not '}equivariant: "
+            f"{SUSPECT_WHY[name]}." for name in wrong))
+    print("\u2705 your tester works on all the test cases, and your predictions match it: "
+          "anything that looks at where a token stands (a position vector, a mask) breaks "
+          "equivariance; anything that treats the tokens as a set keeps it")

@@ -22,6 +22,7 @@ from ._core import (
     compare_tensors,
     describe,
     rand,
+    require_real,
     run_cases,
 )
 
@@ -296,6 +297,85 @@ def check_alibi_bias(alibi_bias: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# 3.2 alibi_slopes(n_heads) for any number of heads (check_alibi_bias above serves the bias of
+# an earlier edition). The paper's rule: the slopes of the closest power of two n <= H, then
+# every other slope of 2n heads (the first, third, ...), H - n of them.
+
+
+def _power_slopes(n: int) -> list[float]:
+    return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+
+def _closest_power(h: int) -> int:
+    n = 1
+    while 2 * n <= h:
+        n *= 2
+    return n
+
+
+def _slopes(h: int, *, extra_start: int = 0, extras_first: bool = False) -> torch.Tensor:
+    n = _closest_power(h)
+    extra = _power_slopes(2 * n)[extra_start::2][: h - n]
+    return torch.tensor(extra + _power_slopes(n) if extras_first else _power_slopes(n) + extra,
+                        dtype=torch.float64)
+
+
+SLOPE_MISTAKES = [
+    Misconception(
+        lambda h: _paper_slopes(h),
+        "You used 2^(-8h/H) with H itself. That formula is the rule for a power of two only: "
+        "for other head counts take the slopes of the closest power of two below H, then "
+        "every other slope of twice that many heads",
+    ),
+    Misconception(
+        lambda h: _slopes(h, extra_start=1),
+        "Your extra slopes are the 2nd, 4th, ... slopes of 2n heads; those equal slopes you "
+        "already have (2n heads include all of n's). Take the 1st, 3rd, 5th, ...: the ones "
+        "that fall between the slopes of n heads",
+    ),
+    Misconception(
+        lambda h: torch.tensor(_power_slopes(2 * _closest_power(h))[:h], dtype=torch.float64),
+        "You took the first H slopes of the next power of two, 2n heads. The rule keeps all "
+        "the slopes of n heads and adds every other slope of 2n heads (the 1st, 3rd, ...)",
+    ),
+    Misconception(
+        lambda h: _slopes(h, extras_first=True),
+        "Your slopes are right but in the wrong order: first the n slopes of the closest "
+        "power of two, then the extra ones",
+    ),
+    Misconception(
+        lambda h: _slopes(h).sort(descending=True).values,
+        "You sorted the slopes. The rule keeps them in the order they are built: the n "
+        "slopes of the closest power of two first, then the extra ones",
+    ),
+    Misconception(
+        lambda h: _slopes(h)[:_closest_power(h)],
+        "You returned only the slopes of the closest power of two: add H - n extra ones, so "
+        "that every head gets a slope",
+    ),
+]
+
+
+def _slope_cases() -> list[Case]:
+    return [Case(f"{h} head{'s' if h > 1 else ''}", (h,))
+            for h in (6, 8, 3, 12, 1, 5, 2, 7, 24, 16)]
+
+
+def check_alibi_slopes(alibi_slopes: Callable) -> None:
+    """Check ``alibi_slopes(n_heads)`` against course_lib's, for powers of two and other counts.
+
+    Args:
+        alibi_slopes: the learner's function; returns a (H,) tensor.
+    """
+
+    def check_one(got, case: Case) -> None:
+        expected = positions.alibi_slopes(*case.args)
+        compare_tensors(got, expected, case, what="Your slopes", misconceptions=SLOPE_MISTAKES)
+
+    run_cases("alibi_slopes", alibi_slopes, _slope_cases(), check_one)
+
+
+# --------------------------------------------------------------------------------------------
 # 3.3 apply_rope(x, positions)
 
 
@@ -547,6 +627,83 @@ def check_value_routes(prediction: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# 3.4 (this edition) predict then verify: the same sentence at positions 0.. and at 50..; in
+# which routes do the attention weights stay the same?
+
+SHIFT = 50
+
+SHIFT_REASONS = {
+    "input": "q_i . k_j now holds cross terms such as (W_q x_i) . (W_k p_j), which depend on "
+             "where p_j sits, not only on i - j; only the sinusoids' own dot product p_i . p_j "
+             "is a function of the offset",
+    "qkv": "(q_i + p_i) . (k_j + p_j) still holds q_i . p_j and p_i . k_j, which depend on the "
+           "absolute positions",
+    "alibi": "the bias -m |i - j| is the same for every pair at the same offset",
+    "rope": "rotating q by p and k by r leaves q . R_(r-p) k, a function of the offset alone",
+}
+
+
+def measure_shifted_weights(n_tokens: int = 6, d_model: int = 8, seed: int = 0,
+                            shift: int = SHIFT) -> dict[str, float]:
+    """One attention head on one sentence, positions 0..T-1 and then shift..shift+T-1, for
+    each route; returns the largest change of an attention weight (seeded, the global random
+    stream left alone)."""
+    from course_lib.attention import MultiHeadAttention, scaled_dot_product_attention
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = MultiHeadAttention(d_model, n_heads=1)
+        for weight in head.parameters():
+            torch.nn.init.normal_(weight, std=d_model**-0.5)
+        x = torch.randn(n_tokens, d_model)  # (T, D)
+    table = positions.sinusoidal_encoding(shift + n_tokens, d_model)  # (shift + T, D)
+    slope = float(positions.alibi_slopes(1)[0])
+
+    def weights(start: int) -> dict[str, torch.Tensor]:
+        pos = torch.arange(start, start + n_tokens)  # (T,)
+        p = table[pos]  # (T, D)
+        q, k, v = head.qkv_proj(x).chunk(3, dim=-1)  # (T, D) each
+        q_in, k_in, v_in = head.qkv_proj(x + p).chunk(3, dim=-1)
+        bias = -slope * (pos[:, None] - pos[None, :]).abs().float()  # (T, T)
+        attend = scaled_dot_product_attention
+        return {
+            "input": attend(q_in, k_in, v_in)[1],
+            "qkv": attend(q + p, k + p, v + p)[1],
+            "alibi": attend(q, k, v, attn_bias=bias)[1],
+            "rope": attend(positions.apply_rope(q, pos), positions.apply_rope(k, pos), v)[1],
+        }
+
+    with torch.no_grad():
+        before, after = weights(0), weights(shift)
+    return {route: float((after[route] - before[route]).abs().max()) for route in ROUTES}
+
+
+def check_shift_predictions(prediction: Callable) -> None:
+    """Grade ``prediction()``: the set of routes (among ``ROUTES``) whose attention weights do
+    not change when every position of a sentence is shifted by 50; then show the measurement.
+
+    Args:
+        prediction: the learner's function of no arguments.
+    """
+    predicted = _routes_of(call_learner(prediction, Case("your prediction")))
+    change = measure_shifted_weights()
+    print(f"One sentence of 6 tokens at positions 0-5, then at {SHIFT}-{SHIFT + 5}; largest "
+          "change of an attention weight:")
+    for route, description in ROUTES.items():
+        size = f"{change[route]:.3f}" if change[route] > 1e-4 else "0 (float rounding)"
+        print(f"  {route:>5}: {size:<18}   ({description})")
+    same = {route for route, value in change.items() if value <= 1e-4}
+    wrong = sorted(predicted ^ same)
+    if wrong:
+        raise CheckFailure("Not quite: " + "; ".join(
+            f"in '{route}' the weights {'stay the same' if route in same else 'change'}: "
+            f"{SHIFT_REASONS[route]}" for route in wrong))
+    print(f"\u2705 right: only {sorted(same)} keep their weights. They see positions only "
+          "through the offset i - j; a position vector added to a token, or to its query and "
+          "key, also tells the score where the token is")
+
+
+# --------------------------------------------------------------------------------------------
 # 3.5 ntk_scaled_base(d_head, factor, base)
 
 
@@ -560,15 +717,6 @@ def _ntk_cases() -> list[Case]:
     ]
 
 
-def _as_number(value: object) -> float | None:
-    """A learner's number as a float: Python and numpy numbers, one-element float tensors."""
-    if isinstance(value, torch.Tensor):
-        return float(value.item()) if value.numel() == 1 else None
-    if isinstance(value, (bool, str)) or not hasattr(value, "__float__"):
-        return None
-    return float(value)
-
-
 def check_ntk_base(ntk_scaled_base: Callable) -> None:
     """Check ``ntk_scaled_base(d_head, factor, base)`` -> base * factor^(d_head / (d_head - 2)),
     through its meaning: the slowest pair turns ``factor`` times more slowly, the fastest keeps
@@ -580,11 +728,11 @@ def check_ntk_base(ntk_scaled_base: Callable) -> None:
 
     def check_one(got: object, case: Case) -> None:
         d, factor, base = case.args
-        value = _as_number(got)
-        if value is None or not value == value or value <= 0:  # not a number, NaN, <= 0
+        value = require_real(got, "The new base", case)
+        if not value == value or value <= 0:  # NaN, or not positive
             raise CheckFailure(
-                f"Your function returned {describe(got) if value is None else value} on the "
-                f"case '{case.name}': return the new base, one positive number")
+                f"Your function returned {value} on the case '{case.name}': return the new "
+                "base, one positive number")
         expected = positions.ntk_scaled_base(d, factor, base=base)
         if abs(value - expected) <= 1e-6 * expected:
             return
