@@ -4,12 +4,14 @@ answers with a message naming the mistake, and let an unsolved stub fail as itse
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import stub
+from torch import nn
 
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch09 import (
@@ -21,8 +23,10 @@ from course_lib.course.checks.ch09 import (
     check_attend_with_cache,
     check_greedy_decode,
     check_kv_cache_bytes,
+    check_my_gpt,
     check_next_token_loss,
     check_next_token_probs,
+    gpt_name,
 )
 from course_lib.generation import next_token_probs
 
@@ -368,6 +372,33 @@ WRONG_GREEDY = {
 }
 
 
+def greedy_hoisted(model, src, bos_id, eos_id, max_new_tokens):
+    """The model called once, before the loop: every step reuses the first logits."""
+    tgt = torch.full((src.shape[0], 1), bos_id)
+    done = torch.zeros(src.shape[0], dtype=torch.bool)
+    with torch.no_grad():
+        logits = model(src, tgt).logits
+    for _ in range(max_new_tokens):
+        next_id = logits[:, -1].argmax(-1)
+        next_id[done] = eos_id
+        done = done | (next_id == eos_id)
+        tgt = torch.cat([tgt, next_id[:, None]], dim=1)
+        if done.all():
+            break
+    return tgt
+
+
+def test_greedy_decode_names_a_model_call_hoisted_out_of_the_loop():
+    """Its tokens are those of reading logits[:, 0] at every step: the number of model calls
+    tells the two apart, and neither is blamed for the other."""
+    with pytest.raises(CheckFailure, match="called once, before the loop") as caught:
+        check_greedy_decode(greedy_hoisted)
+    assert "FIRST decoder position" not in str(caught.value)
+    with pytest.raises(CheckFailure, match="FIRST decoder position") as caught:
+        check_greedy_decode(_greedy_wrong(read=0))
+    assert "before the loop" not in str(caught.value)
+
+
 @pytest.mark.parametrize("name", list(WRONG_GREEDY))
 def test_greedy_decode_rejects_wrong_answers(name):
     fn, message = WRONG_GREEDY[name]
@@ -594,3 +625,220 @@ def test_kv_cache_bytes_rejects_wrong_answers(name):
     fn, message = WRONG_BYTES[name]
     with pytest.raises(CheckFailure, match=message):
         check_kv_cache_bytes(fn)
+
+
+# ------------------------------------------------------------- 9.7 the capstone: your own GPT
+
+
+def make_gpt(*, causal=True, softmax_dim=-1, scale="head", merge="transpose", split="view",
+             block="pre-norm", positions=True, final_norm=True, attention="matmul"):
+    """The capstone's MyGPT class, right (the defaults) or with one planted mistake."""
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self, d_model, n_heads):
+            super().__init__()
+            self.n_heads = n_heads
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+            self.proj = nn.Linear(d_model, d_model)
+
+        def forward(self, x):
+            B, T, D = x.shape
+            H, Dh = self.n_heads, D // self.n_heads
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            if split == "view":
+                q, k, v = (t.view(B, T, H, Dh).transpose(1, 2) for t in (q, k, v))
+            else:
+                q, k, v = (t.reshape(B, H, T, Dh) for t in (q, k, v))
+            if attention == "sdpa":
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                if attention == "einsum":
+                    scores = torch.einsum("bhtd,bhsd->bhts", q, k)
+                else:
+                    scores = q @ k.transpose(-2, -1)
+                if scale != "none":
+                    scores = scores / math.sqrt(Dh if scale == "head" else D)
+                if causal:
+                    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+                    scores = scores.masked_fill(future, float("-inf"))
+                out = torch.softmax(scores, dim=softmax_dim) @ v  # (B, H, T, Dh)
+            if merge == "transpose":
+                out = out.transpose(1, 2).reshape(B, T, D)
+            else:
+                out = out.reshape(B, T, D)
+            return self.proj(out)
+
+    class Block(nn.Module):
+        def __init__(self, d_model, n_heads):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(d_model)
+            self.attn = CausalSelfAttention(d_model, n_heads)
+            self.ln2 = nn.LayerNorm(d_model)
+            self.ff = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                    nn.Linear(4 * d_model, d_model))
+
+        def forward(self, x):
+            if block == "post-norm":
+                x = self.ln1(x + self.attn(x))
+                return self.ln2(x + self.ff(x))
+            if block == "no residual":
+                x = self.attn(self.ln1(x))
+                return self.ff(self.ln2(x))
+            if block == "relu":
+                x = x + self.attn(self.ln1(x))
+                hidden = F.relu(self.ff[0](self.ln2(x)))
+                return x + self.ff[2](hidden)
+            x = x + self.attn(self.ln1(x))
+            return x + self.ff(self.ln2(x))
+
+    class MyGPT(nn.Module):
+        def __init__(self, vocab_size, d_model, n_heads, n_layers, max_len):
+            super().__init__()
+            self.tok_emb = nn.Embedding(vocab_size, d_model)
+            self.pos_emb = nn.Embedding(max_len, d_model)
+            self.blocks = nn.ModuleList([Block(d_model, n_heads) for _ in range(n_layers)])
+            self.ln_f = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+        def forward(self, ids):
+            x = self.tok_emb(ids)
+            if positions:
+                x = x + self.pos_emb.weight[: ids.shape[1]]
+            for layer in self.blocks:
+                x = layer(x)
+            return self.head(self.ln_f(x) if final_norm else x)
+
+    return MyGPT
+
+
+def make_loop(*, zero_grad="before", step=True, clip=False, returns="list"):
+    """The capstone's train_my_gpt, right (the defaults) or with one planted mistake."""
+
+    def train_my_gpt(model, batches, n_updates, lr):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        losses = []
+        for _ in range(n_updates):
+            batch = batches()
+            logits = model(batch["ids"])
+            loss = F.cross_entropy(logits.transpose(1, 2), batch["targets"])  # (B, V, T)
+            if zero_grad == "before":
+                optimizer.zero_grad()
+            loss.backward()
+            if clip:
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if step:
+                optimizer.step()
+            if zero_grad == "after":
+                model.zero_grad(set_to_none=False)  # zeros, not None, at the end
+            losses.append(np.float32(loss.item()) if returns == "numpy" else loss.item())
+        if returns == "none":
+            return None
+        return tuple(losses) if returns == "tuple" else losses
+
+    return train_my_gpt
+
+
+def test_gpt_names_cover_every_decoder_parameter_once():
+    from course_lib.course.checks.ch09 import GPT_PARITY_CONFIG
+    from course_lib.models import DecoderLM
+
+    names = [n for n, _ in DecoderLM(GPT_PARITY_CONFIG).named_parameters()]
+    mine = dict(make_gpt()(11, 16, 4, 2, 12).named_parameters())
+    assert sorted(gpt_name(n) for n in names) == sorted(mine)
+
+
+@pytest.mark.parametrize("model, loop", [
+    (make_gpt(), make_loop()),
+    (make_gpt(attention="sdpa"), make_loop(zero_grad="after", clip=True, returns="tuple")),
+    (make_gpt(attention="einsum"), make_loop(returns="numpy")),
+], ids=["solution", "sdpa, zero_grad after the step, clipping", "einsum, numpy losses"])
+def test_my_gpt_accepts_correct_answers(model, loop, capsys):
+    check_my_gpt(model, loop)
+    out = capsys.readouterr().out
+    assert out.startswith("\u2705") and "validation loss" in out
+
+
+WRONG_GPT = {
+    "no causal mask": (dict(causal=False), "no causal mask"),
+    "softmax over the wrong axis": (dict(softmax_dim=-2), "softmax over the wrong axis"),
+    "no 1/sqrt(d)": (dict(scale="none"), "does not scale the scores"),
+    "1/sqrt(d_model)": (dict(scale="model"), r"divides the scores by sqrt\(d_model\)"),
+    "post-norm": (dict(block="post-norm"), "is post-norm"),
+    "heads merged in the wrong order": (dict(merge="reshape"), "merges the heads in the wrong"),
+    "heads split in the wrong order": (dict(split="reshape"), "splits the heads in the wrong"),
+    "no residual": (dict(block="no residual"), "no residual connections"),
+    "no position embeddings": (dict(positions=False), "position embeddings are missing"),
+    "no final norm": (dict(final_norm=False), "final LayerNorm is missing"),
+    "ReLU instead of GELU": (dict(block="relu"), r"Block 0's output differs .* attention "
+                                                 r"agrees"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_GPT))
+def test_my_gpt_names_the_first_wrong_part(name):
+    options, message = WRONG_GPT[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_my_gpt(make_gpt(**options), make_loop())
+
+
+WRONG_LOOPS = {
+    "never calls zero_grad": (dict(zero_grad="never"), "never clears the gradients"),
+    "never steps": (dict(step=False), r"never changed the weights: .*optimizer\.step\(\)"),
+    "returns nothing": (dict(returns="none"), "return the list of its 300 training losses"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_LOOPS))
+def test_my_gpt_names_a_broken_training_loop(name):
+    options, message = WRONG_LOOPS[name]
+    with pytest.raises(CheckFailure, match=message) as caught:
+        check_my_gpt(make_gpt(), make_loop(**options))
+    if name != "returns nothing":  # the loss bar is missed too, and the message shows it
+        assert re.search(r"validation loss after 300 updates: (\d\.\d+)", str(caught.value))
+        loss = float(re.search(r"validation loss after 300 updates: (\d\.\d+)",
+                               str(caught.value)).group(1))
+        assert loss > 2.45
+
+
+def test_my_gpt_lets_unsolved_stubs_fail_as_themselves():
+    with pytest.raises(NotImplementedError):
+        check_my_gpt(stub, stub)
+
+    class StubForward(make_gpt()):
+        def forward(self, ids):
+            return stub(ids)
+
+    with pytest.raises(NotImplementedError):
+        check_my_gpt(StubForward, make_loop())
+    with pytest.raises(NotImplementedError):
+        check_my_gpt(make_gpt(), stub)
+
+
+def test_my_gpt_refuses_wrong_names_and_course_lib_modules():
+    class Renamed(make_gpt()):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.lm_head = self.head
+            del self.head
+
+    with pytest.raises(CheckFailure, match=r"missing \['head.weight'\]"):
+        check_my_gpt(Renamed, make_loop())
+
+    from course_lib.attention import MultiHeadAttention
+
+    class Borrowed(make_gpt()):
+        def __init__(self, vocab_size, d_model, n_heads, n_layers, max_len):
+            super().__init__(vocab_size, d_model, n_heads, n_layers, max_len)
+            self.extra = MultiHeadAttention(d_model, n_heads)
+
+    with pytest.raises(CheckFailure, match="uses course_lib's MultiHeadAttention"):
+        check_my_gpt(Borrowed, make_loop())
+
+
+def test_my_gpt_leaves_the_random_stream_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    with pytest.raises(CheckFailure):
+        check_my_gpt(make_gpt(causal=False), make_loop())
+    assert torch.equal(torch.rand(3), expected)

@@ -1,7 +1,9 @@
 """Checks for chapter 09, training Transformers: the language-model loss with shifted targets,
 the sampling distribution (temperature, top-k, top-p), a greedy decoding loop for an
 encoder-decoder, a planted bug in the alignment score of cross-attention, one step of attention
-with a key/value cache, and a prediction of the cache's bytes per token."""
+with a key/value cache, a prediction of the cache's bytes per token, and the capstone: the
+learner's own GPT, compared part by part with course_lib's DecoderLM under copied weights, then
+trained on Shakespeare's characters with the learner's loop."""
 
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ import torch.nn.functional as F
 from course_lib.attention import scaled_dot_product_attention
 from course_lib.cache import KVCache
 from course_lib.configs import DecoderConfig, EncoderDecoderConfig
+from course_lib.corpus import shakespeare_text, train_val_split
 from course_lib.generation import generate_seq2seq, next_token_probs
 from course_lib.metrics import alignment_score
 from course_lib.models import DecoderLM, EncoderDecoder, lm_loss
-from course_lib.tokenizer import IGNORE_INDEX
+from course_lib.tokenizer import IGNORE_INDEX, CharTokenizer
+from course_lib.train import lm_batches
 
 from ._core import (
     Case,
@@ -401,11 +405,6 @@ GREEDY_MISTAKES = [
         "must be bos_id (the model was trained with <bos> in front of every target)",
     ),
     Misconception(
-        _greedy(read=0),
-        "You took the argmax of the logits at the FIRST decoder position at every step: the "
-        "next token is predicted by the last position, logits[:, -1]",
-    ),
-    Misconception(
         _greedy(history=False),
         "You fed the decoder only the last token: it must see the whole target so far "
         "(bos_id and every token generated), model(src, tgt) with all of tgt",
@@ -472,6 +471,26 @@ def _greedy_cases() -> list[Case]:
     ]
 
 
+# Reading the first position's logits at every step and calling the model once before the
+# loop give the same tokens (a causal decoder's position 0 only ever sees bos_id): the number of
+# model calls tells the two apart.
+FIRST_POSITION = ("You took the argmax of the logits at the FIRST decoder position at every "
+                  "step: the next token is predicted by the last position, logits[:, -1]")
+HOISTED = ("Your model was called once, before the loop, and every step reused those logits, "
+           "so each step repeats the token predicted after bos_id alone. Call the model inside "
+           "the loop, on the target so far, and read its last position")
+SAME_TOKEN = ("Every step produced the token predicted after bos_id alone: either the model "
+              "runs once before the loop and its logits are reused (call it inside the loop, "
+              "on the target so far), or you read the first position (logits[:, 0]) instead "
+              "of the last (logits[:, -1])")
+
+
+def _same_token_message(n_calls: int) -> str:
+    if n_calls == 1:
+        return HOISTED
+    return FIRST_POSITION if n_calls > 1 else SAME_TOKEN
+
+
 def check_greedy_decode(greedy_decode: Callable) -> None:
     """Check ``greedy_decode(model, src, bos_id, eos_id, max_new_tokens)`` -> (B, 1 + n)
     token ids, equal to :func:`course_lib.generation.generate_seq2seq`'s greedy output.
@@ -479,18 +498,35 @@ def check_greedy_decode(greedy_decode: Callable) -> None:
     Args:
         greedy_decode: the learner's function.
     """
+    calls = [0]  # the learner's calls of model(...) since the last case
+
+    def count(*_args: Any) -> None:
+        calls[0] += 1
 
     def check_one(got: Any, case: Case) -> None:
+        n_calls = calls[0]
+        try:
+            compare_one(got, case, n_calls)
+        finally:
+            calls[0] = 0  # the reference and the planted mistakes call the model too
+
+    def compare_one(got: Any, case: Case, n_calls: int) -> None:
         model, src, bos_id, eos_id, max_new = case.args
         expected = generate_seq2seq(model, src, bos_id=bos_id, eos_id=eos_id,
                                     max_new_tokens=max_new)
         if isinstance(got, torch.Tensor) and got.dtype.is_floating_point:
             raise CheckFailure(f"Your output has dtype {got.dtype}: return token ids (a long "
                                f"tensor), e.g. from argmax (case '{case.name}')")
+        same_token = Misconception(_greedy(read=0), _same_token_message(n_calls))
         compare_tensors(got, expected, case, what="Your decoded ids",
-                        misconceptions=GREEDY_MISTAKES, atol=0.0, rtol=0.0)
+                        misconceptions=[same_token, *GREEDY_MISTAKES], atol=0.0, rtol=0.0)
 
-    run_cases("greedy_decode", greedy_decode, _greedy_cases(), check_one)
+    cases = _greedy_cases()  # the reference runs here, before the counting starts
+    handle = _decoder_model().register_forward_pre_hook(count)
+    try:
+        run_cases("greedy_decode", greedy_decode, cases, check_one)
+    finally:
+        handle.remove()  # the model is shared by every run of the check
 
 
 # --------------------------------------------------------------------------------------------
@@ -789,3 +825,402 @@ def check_kv_cache_bytes(predict_bytes_per_token: Callable) -> None:
                                               "how many numbers each holds, and their size")
         raise CheckFailure(f"Your prediction is {got:,} bytes per token. {message}.\n{shown}")
     print(f"\u2705 your prediction, {got:,} bytes per token, is right; {shown}")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 9.7 (capstone): your own GPT, MyGPT(...) and train_my_gpt(model, batches, ...)
+
+# parity: a small model with large random weights, so that every mistake shows in the logits
+GPT_PARITY_CONFIG = DecoderConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=2, max_len=12,
+                                  activation="gelu", tie_embeddings=False)
+# training: what the check trains, and the bar its validation loss must clear. Over seeds 0-5
+# (train_and_validate's seed) the book's solution reached 2.25 to 2.27, with 1 and 2 threads,
+# with and without gradient clipping; the bigram model scores 2.51, a loop that never steps
+# 4.2 to 4.4 and one that never clears the gradients 4.4 to 7.0
+GPT_TRAIN_SIZES = dict(d_model=64, n_heads=4, n_layers=2, max_len=32)
+GPT_TRAIN_UPDATES, GPT_TRAIN_LR, GPT_TRAIN_BATCH = 300, 3e-3, 16
+GPT_LOSS_BAR = 2.45
+GPT_BOOK_RANGE = (2.25, 2.27)
+# course_lib's module names -> the learner's (the exercise's table)
+GPT_RENAMES = (("embeddings.token", "tok_emb"), ("embeddings.position.embedding", "pos_emb"),
+               ("attn_norm", "ln1"), ("self_attn.qkv_proj", "attn.qkv"),
+               ("self_attn.out_proj", "attn.proj"), ("ff_norm", "ln2"), ("ff.fc1", "ff.0"),
+               ("ff.fc2", "ff.2"), ("final_norm", "ln_f"), ("lm_head", "head"))
+
+
+def gpt_name(course_name: str) -> str:
+    """The learner's name of a course_lib DecoderLM parameter, e.g. blocks.0.ln1.weight for
+    blocks.0.attn_norm.weight."""
+    module, leaf = course_name.rsplit(".", 1)
+    prefix = ""
+    if module.startswith("blocks."):
+        index, module = module.split(".", 2)[1:]
+        prefix = f"blocks.{index}."
+    return prefix + dict(GPT_RENAMES)[module] + "." + leaf
+
+
+@functools.cache
+def _course_gpt() -> DecoderLM:
+    """course_lib's DecoderLM with large random weights (LayerNorms and biases too)."""
+    with torch.random.fork_rng(devices=[]):  # leave the learner's random stream alone
+        torch.manual_seed(7)
+        model = DecoderLM(GPT_PARITY_CONFIG).eval().requires_grad_(False)
+        for name, p in model.named_parameters():
+            if "embeddings" in name:
+                p.normal_(0.0, 1.0)
+            elif p.dim() == 2:  # std 1.5 / sqrt(fan-in): sharp attention, large activations
+                p.normal_(0.0, 1.5 / p.shape[1] ** 0.5)
+            elif name.endswith("norm.weight"):
+                p.normal_(1.0, 0.3)
+            else:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+def _run(fn: Callable, what: str, *args: Any) -> Any:
+    """Call a piece of the learner's model; an error becomes a message naming the piece."""
+    try:
+        return fn(*args)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as exc:
+        shapes = ", ".join(describe(a) for a in args)
+        raise CheckFailure(f"{what} raised {type(exc).__name__} on {shapes}:\n    {exc}") from exc
+
+
+def _near(a: Any, b: torch.Tensor, atol: float = 1e-4) -> bool:
+    return isinstance(a, torch.Tensor) and _allclose(a, b, atol, 1e-4)
+
+
+def _allclose(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a.detach().double(), b.double(),
+                                                      atol=atol, rtol=rtol))
+
+
+def _difference(got: Any, want: torch.Tensor, what: str, case: str) -> str:
+    if not isinstance(got, torch.Tensor):
+        return f"{what} should be a tensor of shape {tuple(want.shape)}, got {describe(got)}"
+    if got.shape != want.shape:
+        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)} ({case})"
+    diff = (got.detach().double() - want.double()).abs()
+    return (f"{what} differs from course_lib's by up to {float(diff.max()):.3g} ({case})")
+
+
+def _load_course_weights(mine: torch.nn.Module, ref: DecoderLM) -> None:
+    """Copy the reference's weights into the learner's model through the exercise's table."""
+    theirs = dict(mine.named_parameters())
+    wanted = {gpt_name(name): p for name, p in ref.named_parameters()}
+    missing = [n for n in wanted if n not in theirs]
+    extra = [n for n in theirs if n not in wanted]
+    if missing or extra:
+        raise CheckFailure(
+            "Your model's parameter names do not follow the exercise's table (keep the "
+            "given __init__ methods): "
+            + (f"missing {missing[:4]}{' ...' if len(missing) > 4 else ''}; " if missing else "")
+            + (f"unexpected {extra[:4]}{' ...' if len(extra) > 4 else ''}" if extra else ""))
+    for name, p in wanted.items():
+        if theirs[name].shape != p.shape:
+            raise CheckFailure(f"Your parameter {name} has shape {tuple(theirs[name].shape)}, "
+                               f"expected {tuple(p.shape)}")
+    with torch.no_grad():
+        for name, p in wanted.items():
+            theirs[name].copy_(p)
+
+
+def _attention_variant(attn: torch.nn.Module, x: torch.Tensor, *, causal: bool = True,
+                       dim: int = -1, scale: str = "head", split: bool = True,
+                       merge: bool = True) -> torch.Tensor:
+    """Causal multi-head self-attention from course_lib's weights, right or with one mistake."""
+    (batch, seq_len, d_model), n_heads = x.shape, attn.n_heads
+    d_head = d_model // n_heads
+    q, k, v = attn.qkv_proj(x).split(d_model, dim=-1)  # 3 x (B, T, D)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, H, T, Dh)
+        if split:
+            return t.view(batch, seq_len, n_heads, d_head).transpose(1, 2)
+        return t.reshape(batch, n_heads, seq_len, d_head)
+
+    q, k, v = heads(q), heads(k), heads(v)
+    scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
+    if scale != "none":
+        scores = scores / math.sqrt(d_head if scale == "head" else d_model)
+    if causal:
+        allowed = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(scores, dim=dim) @ v  # (B, H, T, Dh)
+    out = out.transpose(1, 2).reshape(batch, seq_len, d_model) if merge else \
+        out.reshape(batch, seq_len, d_model)
+    return attn.out_proj(out)  # (B, T, D)
+
+
+ATTENTION_MISTAKES = (
+    (dict(causal=False), "lets every position attend to the positions after it: there is no "
+     "causal mask. Before the softmax, fill the scores of keys after the query with "
+     "float('-inf') (the allowed part is torch.tril of a (T, T) matrix of ones)"),
+    (dict(dim=-2), "takes the softmax over the wrong axis: each query's weights must sum to "
+     "1 over the keys, the LAST axis of the (B, H, T, T) scores (dim=-1)"),
+    (dict(scale="none"), "does not scale the scores: divide q k^T by sqrt(d_head) before "
+     "the softmax"),
+    (dict(scale="model"), "divides the scores by sqrt(d_model): each head's dot products have "
+     "d_head terms, so divide by sqrt(d_head) = sqrt(d_model // n_heads)"),
+    (dict(merge=False), "merges the heads in the wrong order: reshaping (B, H, T, Dh) "
+     "straight to (B, T, D) mixes positions and heads. Transpose to (B, T, H, Dh) first "
+     "(.transpose(1, 2)), then reshape"),
+    (dict(split=False), "splits the heads in the wrong order: reshaping (B, T, D) straight "
+     "to (B, H, T, Dh) hands each head a mixture of positions. View it as (B, T, H, Dh), "
+     "then transpose(1, 2)"),
+)
+
+
+def _block_variants(block: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What a block computes with one wiring mistake, from course_lib's sublayers."""
+    def attn(z: torch.Tensor) -> torch.Tensor:
+        return block.self_attn(z, is_causal=True)[0]
+
+    ln1, ln2, ff = block.attn_norm, block.ff_norm, block.ff
+    h = ln1(x + attn(x))
+    post = ln2(h + ff(h))
+    a = attn(ln1(x))
+    return {
+        "is post-norm, x = LN(x + attn(x)): this model is pre-norm, each sublayer reads a "
+        "normalised copy and adds its output to the unnormalised stream, "
+        "x = x + attn(ln1(x)), then x = x + ff(ln2(x))": post,
+        "has no residual connections: add each sublayer's output to its input, "
+        "x = x + attn(ln1(x)), then x = x + ff(ln2(x))": ff(ln2(a)),
+        "has no residual connection around the attention: x = x + attn(ln1(x))":
+            a + ff(ln2(a)),
+        "has no residual connection around the feed-forward: x = x + ff(ln2(x))":
+            ff(ln2(x + a)),
+        "adds the sublayer's output to the NORMALISED input: the residual stream is the "
+        "unnormalised x, x = x + attn(ln1(x))": ln1(x) + a + ff(ln2(ln1(x) + a)),
+        "feeds the feed-forward the block's input instead of the stream after the attention: "
+        "x = x + attn(ln1(x)), THEN x = x + ff(ln2(x))": x + a + ff(ln2(x)),
+        "uses ln1 for both sublayers: the feed-forward reads ln2(x)":
+            x + a + ff(ln1(x + a)),
+    }
+
+
+def _diagnose_block(i: int, mine: torch.nn.Module, ref: torch.nn.Module, x: torch.Tensor,
+                    got: Any, case: str) -> None:
+    """Raise with the first part of block i that differs, and the mistake where one fits."""
+    normed = ref.attn_norm(x)
+    want_attn = ref.self_attn(normed, is_causal=True)[0]
+    got_attn = _run(mine.attn, f"blocks[{i}].attn", normed)
+    if not _near(got_attn, want_attn):
+        for options, message in ATTENTION_MISTAKES:
+            wrong = _attention_variant(ref.self_attn, normed, **options)
+            if _near(got_attn, wrong) and not _near(wrong, want_attn):
+                raise CheckFailure(f"Block {i}'s attention {message} ({case}).")
+        raise CheckFailure(_difference(got_attn, want_attn, f"Block {i}'s attention output",
+                                       f"same input as course_lib's MultiHeadAttention, {case}")
+                           + ". The attention is qkv -> split heads -> softmax(q k^T / "
+                           "sqrt(d_head)) with a causal mask -> weights @ v -> merge heads "
+                           "-> proj")
+    for message, wrong in _block_variants(ref, x).items():
+        if _near(got, wrong):
+            raise CheckFailure(f"Block {i}'s attention is right, but the block {message} "
+                               f"({case}).")
+    raise CheckFailure(_difference(got, ref(x)[0], f"Block {i}'s output", case)
+                       + ". Its attention agrees with course_lib's: look at the rest of "
+                       "Block.forward, x = x + attn(ln1(x)), then x = x + ff(ln2(x))")
+
+
+def _first_block_input(mine: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor | None:
+    seen: list[torch.Tensor] = []
+    hook = mine.blocks[0].register_forward_pre_hook(
+        lambda module, args: seen.append(args[0]) if args else None)
+    try:
+        _run(mine, "Your model", ids)
+    finally:
+        hook.remove()
+    return seen[0] if seen else None
+
+
+def _locate_gpt_difference(mine: torch.nn.Module, ref: DecoderLM, ids: torch.Tensor,
+                           got: Any, case: str) -> None:
+    """Raise with the first part of the learner's model that differs from course_lib's:
+    the embeddings, a block (its attention, its wiring), or the final norm and head."""
+    x = ref.embeddings(ids)  # (B, T, D)
+    seen = _first_block_input(mine, ids)
+    if seen is None:
+        raise CheckFailure("Your forward never calls self.blocks[0]: run the embeddings "
+                           f"through every block of self.blocks in order ({case})")
+    if not _near(seen, x):
+        if _near(seen, ref.embeddings.token(ids)):
+            raise CheckFailure("The input of your first block is the token embeddings alone: "
+                               "the position embeddings are missing. Add "
+                               "pos_emb(torch.arange(T)) to tok_emb(ids) "
+                               f"({case}).")
+        raise CheckFailure(_difference(seen, x, "The input of your first block (the "
+                                       "embeddings)", case)
+                           + ": it should be tok_emb(ids) + pos_emb(positions 0 .. T-1)")
+    for i, (my_block, ref_block) in enumerate(zip(mine.blocks, ref.blocks, strict=True)):
+        want = ref_block(x)[0]
+        block_out = _run(my_block, f"blocks[{i}]", x)
+        if not _near(block_out, want):
+            _diagnose_block(i, my_block, ref_block, x, block_out, case)
+        x = want
+    if _near(got, ref.lm_head(x)):
+        raise CheckFailure("Your blocks agree with course_lib's, but the final LayerNorm is "
+                           f"missing: the logits are head(ln_f(x)) ({case}).")
+    raise CheckFailure(_difference(got, ref.lm_head(ref.final_norm(x)), "Your logits", case)
+                       + ". Each block agrees with course_lib's on the same input: look at "
+                       "MyGPT.forward, which runs every block once, in order, then ln_f, "
+                       "then head")
+
+
+def _gpt_parity(my_gpt_class: Callable) -> str:
+    """Part (a): course_lib's weights in the learner's model give course_lib's logits, and a
+    later token never changes earlier logits. Returns what was shown, for the pass line."""
+    c = GPT_PARITY_CONFIG
+    ref = _course_gpt()
+    case = Case("the parity model", kwargs=dict(vocab_size=c.vocab_size, d_model=c.d_model,
+                                                n_heads=c.n_heads, n_layers=c.n_layers,
+                                                max_len=c.max_len))
+    with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten anyway
+        mine = call_learner(my_gpt_class, case, fn_name="MyGPT")
+    for module in mine.modules():
+        if type(module).__module__.startswith("course_lib."):
+            raise CheckFailure(f"Your model uses course_lib's {type(module).__name__}: build it "
+                               "from your own modules and torch.nn pieces")
+    _load_course_weights(mine, ref)
+    mine.eval()
+    gen = torch.Generator().manual_seed(907)
+    worst = 0.0
+    with torch.no_grad():
+        for batch, seq_len in ((2, 10), (1, c.max_len), (3, 1)):
+            ids = torch.randint(0, c.vocab_size, (batch, seq_len), generator=gen)
+            where = f"ids of shape ({batch}, {seq_len})"
+            got, want = _run(mine, "Your model", ids), ref(ids).logits
+            if not _near(got, want):
+                _locate_gpt_difference(mine, ref, ids, got, where)
+            worst = max(worst, float((got.double() - want.double()).abs().max()))
+        ids = torch.randint(0, c.vocab_size, (1, c.max_len), generator=gen)
+        before = _run(mine, "Your model", ids)
+        for t in (4, c.max_len - 1):
+            changed = ids.clone()
+            changed[0, t] = (changed[0, t] + 1) % c.vocab_size
+            after = _run(mine, "Your model", changed)
+            if not torch.allclose(after[:, :t], before[:, :t], atol=1e-6):
+                raise CheckFailure(f"Changing the token at position {t} changed your logits at "
+                                   f"earlier positions: the future leaks into the past")
+    return (f"with course_lib's weights its logits equal DecoderLM's (to {worst:.1g}), and a "
+            f"later token never changes earlier logits")
+
+
+@functools.cache
+def _char_data() -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The lecture's Shakespeare characters: vocabulary size, training and validation ids."""
+    text = shakespeare_text()
+    tokenizer = CharTokenizer.from_text(text)
+    train_ids, val_ids = train_val_split(tokenizer.encode_tensor(text), 0.1)
+    return tokenizer.vocab_size, train_ids, val_ids
+
+
+def bigram_val_loss(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_size: int) -> float:
+    """The lecture's bigram baseline on the validation text (counts + 0.01), in nats."""
+    pairs = torch.bincount(train_ids[:-1] * vocab_size + train_ids[1:],
+                           minlength=vocab_size ** 2).double().view(vocab_size, vocab_size)
+    p_next = (pairs + 0.01) / (pairs + 0.01).sum(1, keepdim=True)
+    return float(-p_next.log()[val_ids[:-1], val_ids[1:]].mean())
+
+
+class _GradientWatch:
+    """Watches one parameter's gradients during training: how many backward passes reached
+    it, their sum and the last one (to tell whether .grad was ever cleared)."""
+
+    def __init__(self, param: torch.Tensor) -> None:
+        self.count, self.total, self.last = 0, torch.zeros_like(param), None
+        self.handle = param.register_hook(self)
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        self.count += 1
+        self.total += grad.detach()
+        self.last = grad.detach().clone()
+
+
+def train_and_validate(my_gpt_class: Callable, train_fn: Callable, *,
+                       seed: int = 0) -> tuple[float, str | None]:
+    """Part (b): build the learner's model (seeded), train it with the learner's loop on the
+    Shakespeare characters and return (validation loss, what is wrong with the loop or None).
+    """
+    vocab_size, train_ids, val_ids = _char_data()
+    with torch.random.fork_rng(devices=[]):  # leave the learner's random stream alone
+        torch.manual_seed(seed)
+        case = Case("the training model", kwargs=dict(vocab_size=vocab_size, **GPT_TRAIN_SIZES))
+        model = call_learner(my_gpt_class, case, fn_name="MyGPT")
+        batches = lm_batches(train_ids, GPT_TRAIN_BATCH, GPT_TRAIN_SIZES["max_len"],
+                             generator=torch.Generator().manual_seed(100 + seed))
+        params = [p for p in model.parameters() if p.requires_grad]
+        start = [p.detach().clone() for p in params]
+        watch = _GradientWatch(dict(model.named_parameters())["head.weight"])
+        try:
+            losses = _run(train_fn, "train_my_gpt", model, batches, GPT_TRAIN_UPDATES,
+                          GPT_TRAIN_LR)
+        finally:
+            watch.handle.remove()
+        val = lm_batches(val_ids, 128, GPT_TRAIN_SIZES["max_len"],
+                         generator=torch.Generator().manual_seed(2))()
+        model.eval()
+        with torch.no_grad():
+            logits = _run(model, "Your model", val["ids"])
+            val_loss = float(F.cross_entropy(logits.reshape(-1, vocab_size),
+                                             val["targets"].reshape(-1)))
+    problem = None
+    if watch.count == 0:
+        problem = ("Your loop never calls loss.backward(): without it no gradient is "
+                   "computed and the weights cannot learn")
+    elif all(torch.equal(a, p.detach()) for a, p in zip(start, params, strict=True)):
+        problem = ("Your loop never changed the weights: after loss.backward(), call "
+                   "optimizer.step() (with an optimizer built on model.parameters())")
+    elif (watch.count > 1 and model.head.weight.grad is not None
+          and torch.allclose(model.head.weight.grad, watch.total, atol=1e-6, rtol=1e-4)
+          and not torch.allclose(watch.total, watch.last, atol=1e-6, rtol=1e-4)):
+        problem = (f"Your loop never clears the gradients: after {watch.count} updates each "
+                   "parameter's .grad holds the SUM of every update's gradient, because "
+                   "backward() adds to .grad. Call optimizer.zero_grad() before each "
+                   "loss.backward()")
+    elif not isinstance(losses, Sequence) or len(losses) != GPT_TRAIN_UPDATES:
+        problem = (f"train_my_gpt returned {describe(losses)}"
+                   + (f" of length {len(losses)}" if isinstance(losses, Sequence) else "")
+                   + f": return the list of its {GPT_TRAIN_UPDATES} training losses, one "
+                   "float per update (loss.item())")
+    else:
+        for loss in losses:
+            require_real(loss, "Each training loss in the list")
+    return val_loss, problem
+
+
+def check_my_gpt(my_gpt_class: Callable, train_fn: Callable) -> None:
+    """Check the capstone: ``MyGPT(vocab_size, d_model, n_heads, n_layers, max_len)`` (a GPT
+    with the exercise's parameter names, logits (B, T, V) from ids (B, T)) and
+    ``train_my_gpt(model, batches, n_updates, lr)`` (a training loop returning its losses).
+
+    (a) course_lib's DecoderLM weights copied in give its logits, and the model is causal;
+    a difference is located (embeddings, a block's attention or wiring, the final norm);
+    (b) trained for GPT_TRAIN_UPDATES updates on Shakespeare's characters, the validation
+    loss falls below GPT_LOSS_BAR; a loop that never steps or never clears the gradients is
+    named.
+
+    Args:
+        my_gpt_class: the learner's model class (or any function building the model).
+        train_fn: the learner's training loop.
+    """
+    parity = _gpt_parity(my_gpt_class)
+    val_loss, problem = train_and_validate(my_gpt_class, train_fn)
+    _, train_ids, val_ids = _char_data()
+    bigram = bigram_val_loss(train_ids, val_ids, _char_data()[0])
+    measured = (f"validation loss after {GPT_TRAIN_UPDATES} updates: {val_loss:.3f} (the bar: "
+                f"{GPT_LOSS_BAR}; the bigram model: {bigram:.2f})")
+    if problem is not None:
+        raise CheckFailure(f"Your model is right ({parity}), but {problem[0].lower()}"
+                           f"{problem[1:]}.\n{measured}")
+    if not val_loss < GPT_LOSS_BAR:
+        raise CheckFailure(
+            f"Your model is right ({parity}) and your loop updates the weights and clears the "
+            f"gradients, but the model did not learn enough: {measured}. Use "
+            f"torch.optim.AdamW(model.parameters(), lr=lr) and the loss F.cross_entropy of "
+            f"the (B * T, V) logits against the (B * T,) targets of each batch")
+    low, high = GPT_BOOK_RANGE
+    print(f"\u2705 MyGPT and train_my_gpt are correct: {parity}; {measured}, the book's "
+          f"solution reached {low} to {high} over 6 seeds")
