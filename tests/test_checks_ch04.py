@@ -32,38 +32,49 @@ def test_reference_feed_forward_matches_functional_form():
 
 # ------------------------------------------------------------------ 4.1 predict then verify
 
-RIGHT = {"V_star_shape": (16, 16), "V_star_rank": 4, "out_rank": 4}
+def test_measured_collapse_agrees_with_the_rank_bounds():
+    # the printed measurement is the answer: V* = V3 V2 V1 of rank 5, a (3, 16) output of rank 3
+    from course_lib.course.checks.ch04 import _measure_collapse
+    for seed in range(3):
+        assert _measure_collapse(seed) == RIGHT
+
+
+RIGHT = {"V_star_shape": (16, 16), "V_star_rank": 5, "out_rank": 3}
 
 
 @pytest.mark.parametrize("answer", [
     RIGHT,
-    {"V_star_shape": torch.Size([16, 16]), "V_star_rank": np.int64(4), "out_rank": 4},
-    {"out_rank": np.int32(4), "V_star_rank": 4, "V_star_shape": [16, 16]},
+    {"V_star_shape": torch.Size([16, 16]), "V_star_rank": np.int64(5), "out_rank": 3},
+    {"out_rank": np.int32(3), "V_star_rank": 5, "V_star_shape": [16, 16]},
+    {"V_star_shape": (np.int64(16), 16), "V_star_rank": 5, "out_rank": np.uint8(3)},
 ])
 def test_collapse_prediction_accepts_right_answers(answer, capsys):
     check_collapse_prediction(lambda: answer)
     out = capsys.readouterr().out
-    assert "predictions are right" in out and "V_star_rank: 4" in out
+    assert "predictions are right" in out and "V_star_rank: 5" in out and "out_rank: 3" in out
 
 
-@pytest.mark.parametrize("rank, match", [(4.0, r"out_rank should be a whole number.*int\(\.\.\.\)"),
-                                         (torch.tensor(4), r"out_rank should be.*\.item\(\)")])
+@pytest.mark.parametrize("rank, match", [(3.0, r"out_rank should be a whole number.*int\(\.\.\.\)"),
+                                         (torch.tensor(3), r"out_rank should be.*\.item\(\)"),
+                                         (True, r"out_rank should be a whole number")])
 def test_collapse_prediction_refuses_ranks_that_are_not_ints(rank, match):
     with pytest.raises(CheckFailure, match=match):
         check_collapse_prediction(lambda: {**RIGHT, "out_rank": rank})
 
 
 COLLAPSE_WRONG = {
-    "V1 @ V2 shape": ({**RIGHT, "V_star_shape": (4, 4)}, "wrong order"),
-    "other shape": ({**RIGHT, "V_star_shape": (16, 4)}, "is not it"),
+    "narrow shape": ({**RIGHT, "V_star_shape": (5, 5)}, "is not it"),
+    "other shape": ({**RIGHT, "V_star_shape": (16, 8)}, "is not it"),
     "full rank": ({**RIGHT, "V_star_rank": 16}, "at most the smallest"),
-    "other rank": ({**RIGHT, "V_star_rank": 8}, "How many numbers"),
-    "out rank = T": ({**RIGHT, "out_rank": 10}, "cannot\\s+leave that space"),
+    "first squeeze only": ({**RIGHT, "V_star_rank": 8}, "narrowest factor decides"),
+    "other rank": ({**RIGHT, "V_star_rank": 3}, "fewest numbers"),
+    "out rank = rank V*": ({**RIGHT, "out_rank": 5}, "only T = 3 rows"),
     "out rank = D": ({**RIGHT, "out_rank": 16}, "column space of V\\*"),
-    "out rank other": ({**RIGHT, "out_rank": 1}, "in how many dimensions"),
-    "missing key": ({"V_star_shape": (16, 16), "V_star_rank": 4}, "lacks the key"),
-    "not a dict": ((16, 16, 4, 4), "should return a dict"),
-    "rank as text": ({**RIGHT, "V_star_rank": "4"}, "whole number"),
+    "out rank = 8": ({**RIGHT, "out_rank": 8}, "neither bound"),
+    "out rank other": ({**RIGHT, "out_rank": 1}, "Two things bound"),
+    "missing key": ({"V_star_shape": (16, 16), "V_star_rank": 5}, "lacks the key"),
+    "not a dict": ((16, 16, 5, 3), "should return a dict"),
+    "rank as text": ({**RIGHT, "V_star_rank": "5"}, "whole number"),
     "shape as int": ({**RIGHT, "V_star_shape": 16}, "tuple of two ints"),
 }
 
@@ -87,7 +98,7 @@ XOR = CORNERS[:, 0] * CORNERS[:, 1]
 
 
 def make_fit(activation_fn=None, targets=XOR, width=None, train=True, steps=300, lr=0.05,
-             as_tensor=False):
+             as_tensor=False, zero_grad=True, reduction="mean", as_type=float):
     """A fit_xor; the keyword arguments plant one mistake each."""
 
     def fit_xor(activation, hidden_units, seed):
@@ -99,19 +110,21 @@ def make_fit(activation_fn=None, targets=XOR, width=None, train=True, steps=300,
         opt = torch.optim.Adam(net.parameters(), lr=lr)
         losses = []
         for _ in range(steps):
-            loss = (net(CORNERS).squeeze(-1) - targets).pow(2).mean()
+            squared = (net(CORNERS).squeeze(-1) - targets).pow(2)
+            loss = squared.mean() if reduction == "mean" else squared.sum()
             if train:
-                opt.zero_grad()
+                if zero_grad:
+                    opt.zero_grad()
                 loss.backward()
                 opt.step()
-            losses.append(loss.item())
+            losses.append(as_type(loss.item()) if as_type is not None else loss.detach())
         return torch.tensor(losses) if as_tensor else losses
 
     return fit_xor
 
 
 def fit_with_explicit_parameters(activation, hidden_units, seed):
-    # another correct formulation: explicit parameters, F.relu, a tensor of losses
+    # another correct formulation: explicit parameters, F.relu, F.mse_loss
     gen = torch.Generator().manual_seed(seed)
     W1 = (torch.randn(hidden_units, 2, generator=gen) * 0.7).requires_grad_()
     b1 = torch.zeros(hidden_units).requires_grad_()
@@ -127,12 +140,19 @@ def fit_with_explicit_parameters(activation, hidden_units, seed):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(loss.detach())
+        losses.append(loss.item())
     return losses
 
 
-@pytest.mark.parametrize("fn", [make_fit(), make_fit(as_tensor=True),
-                                fit_with_explicit_parameters])
+def fit_as_numpy(activation, hidden_units, seed):
+    # losses collected as numpy float32 scalars in a numpy array
+    return np.array(make_fit(as_type=np.float32)(activation, hidden_units, seed),
+                    dtype=np.float32)
+
+
+@pytest.mark.parametrize("fn", [make_fit(), make_fit(as_type=np.float32),
+                                make_fit(as_type=np.float64), make_fit(lr=0.01),
+                                fit_as_numpy, fit_with_explicit_parameters])
 def test_xor_experiment_accepts_correct_answers(fn, capsys):
     check_xor_experiment(fn)
     assert "behaves as the theory says" in capsys.readouterr().out
@@ -147,6 +167,12 @@ XOR_WRONG = {
     "no training": (make_fit(train=False), "never change"),
     "width ignored": (make_fit(width=16), "hidden_units used"),
     "too few steps": (make_fit(steps=50), "should make 300 updates"),
+    "summed loss": (make_fit(reduction="sum"), "summed over the 4"),
+    "no zero_grad": (make_fit(zero_grad=False), "accumulate.*zero_grad"),
+    "learning rate far too small": (make_fit(lr=1e-4), "floor, 1.0, well within"),
+    "tensor of losses": (make_fit(as_tensor=True), "should return a list of 300"),
+    "0-d tensors": (make_fit(as_type=None), "each loss should be a number.*\\.item\\(\\)"),
+    "ints": (make_fit(as_type=round), "each loss should be a number.*float\\(\\.\\.\\.\\)"),
     "returns a number": (lambda a, h, s: 0.5, "list of 300 losses"),
 }
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from helpers import stub
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from course_lib import attention
 from course_lib.course.checks import CheckFailure
@@ -40,51 +41,73 @@ def test_an_unsolved_stub_fails_as_itself(check):
 # ------------------------------------------------------------------------------ 5.1 causal_mask
 
 
-def causal_tril(n):
-    return torch.tril(torch.ones(n, n, dtype=torch.bool))
+def causal_tril(t, s):
+    return torch.tril(torch.ones(t, s, dtype=torch.bool), diagonal=s - t)
 
 
-def causal_aranges(n):
-    positions = torch.arange(n)
-    return positions[None, :] <= positions[:, None]  # key j <= query i
+def causal_aranges(t, s):
+    queries = torch.arange(s - t, s)  # the absolute positions of the new queries
+    return torch.arange(s)[None, :] <= queries[:, None]  # key j <= query's position
 
 
-def causal_loop(n):
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        for j in range(i + 1):
+def causal_loop(t, s):
+    mask = torch.zeros(t, s, dtype=torch.bool)
+    for i in range(t):
+        for j in range(s - t + i + 1):
             mask[i, j] = True
     return mask
 
 
-def causal_from_triu(n):
-    return ~torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+def causal_from_triu(t, s):
+    return ~torch.triu(torch.ones(t, s, dtype=torch.bool), diagonal=s - t + 1)
 
 
-@pytest.mark.parametrize("fn", [causal_tril, causal_aranges, causal_loop, causal_from_triu])
+def causal_last_rows(t, s):
+    # the last T rows of the square mask of all S positions
+    return torch.tril(torch.ones(s, s, dtype=torch.bool))[s - t:]
+
+
+def causal_torch_helper(t, s):
+    return causal_lower_right(t, s)._materialize()
+
+
+@pytest.mark.parametrize("fn", [causal_tril, causal_aranges, causal_loop, causal_from_triu,
+                                causal_last_rows, causal_torch_helper])
 def test_causal_mask_accepts_correct_answers(fn, capsys):
     check_causal_mask(fn)
     assert "causal_mask is correct" in capsys.readouterr().out
 
 
+def test_causal_mask_reference_is_torchs_lower_right_mask():
+    for t, s in ((4, 4), (2, 6), (1, 5)):
+        expected = causal_lower_right(t, s)._materialize()
+        assert torch.equal(attention.causal_mask(t, s), expected)
+
+
+def _tril(t, s, diagonal):
+    return torch.tril(torch.ones(t, s, dtype=torch.bool), diagonal=diagonal)
+
+
 WRONG_CAUSAL = {
-    "inverted (True = blocked)": (lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool), 1),
-                                  "inverted"),
-    "strictly lower": (lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), -1),
-                       "leaves out the diagonal"),
-    "upper triangle": (lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool)),
-                       "upper-triangular"),
-    "one step ahead": (lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), 1),
-                       "one key into the future"),
-    "nothing masked": (lambda n: torch.ones(n, n, dtype=torch.bool), "allows every key"),
-    "float 0/1": (lambda n: torch.tril(torch.ones(n, n)), "only the dtype is wrong"),
-    "int 0/1": (lambda n: torch.tril(torch.ones(n, n, dtype=torch.long)),
-                "only the dtype is wrong"),
-    "float 0/-inf": (lambda n: torch.zeros(n, n).masked_fill(
-        ~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf")), "additive float mask"),
-    "float, inverted": (lambda n: torch.triu(torch.ones(n, n), 1), "also inverted"),
-    "a list": (lambda n: [[j <= i for j in range(n)] for i in range(n)], "should be a tensor"),
-    "batched shape": (lambda n: causal_tril(n)[None], r"shape \(1, 4, 4\)"),
+    "inverted (True = blocked)": (lambda t, s: ~causal_tril(t, s), "inverted"),
+    "top-left aligned": (lambda t, s: _tril(t, s, 0), "top-left corner"),
+    "square (T, T)": (lambda t, s: _tril(t, t, 0), "one column per key"),
+    "first rows of the square mask": (lambda t, s: _tril(s, s, 0)[:t], "top-left corner"),
+    "strictly lower": (lambda t, s: _tril(t, s, s - t - 1), "own position"),
+    "one step ahead": (lambda t, s: _tril(t, s, s - t + 1), "one key into the future"),
+    "upper triangle": (lambda t, s: torch.triu(torch.ones(t, s, dtype=torch.bool), s - t),
+                       "wrong triangle"),
+    "nothing masked": (lambda t, s: torch.ones(t, s, dtype=torch.bool), "allows every key"),
+    "float 0/1": (lambda t, s: causal_tril(t, s).float(), "only the dtype is wrong"),
+    "int 0/1": (lambda t, s: causal_tril(t, s).long(), "only the dtype is wrong"),
+    "float 0/-inf": (lambda t, s: torch.zeros(t, s).masked_fill(~causal_tril(t, s),
+                                                                  float("-inf")),
+                     "additive float mask"),
+    "float, inverted": (lambda t, s: (~causal_tril(t, s)).float(), "also inverted"),
+    "a list": (lambda t, s: causal_tril(t, s).tolist(), "should be a tensor"),
+    "batched shape": (lambda t, s: causal_tril(t, s)[None], r"shape \(1, 4, 4\)"),
+    "off by two (not recognised)": (lambda t, s: _tril(t, s, s - t + 2),
+                                     r"wrong values \(case 'T=4, S=4'\)"),
 }
 
 
@@ -97,7 +120,22 @@ def test_causal_mask_rejects_wrong_answers(name):
 
 def test_causal_mask_messages_name_bool():
     with pytest.raises(CheckFailure, match="torch.bool"):
-        check_causal_mask(lambda n: torch.tril(torch.ones(n, n)))
+        check_causal_mask(lambda t, s: causal_tril(t, s).float())
+
+
+def test_causal_mask_unrecognised_mistake_gets_no_planted_explanation():
+    # a wrong mask that matches no listed mistake: the message names the case, nothing else
+    def odd(t, s):
+        mask = causal_tril(t, s).clone()
+        mask[-1, 0] = s == 1  # the last query loses the first key (when there is more than one)
+        return mask
+
+    with pytest.raises(CheckFailure) as info:
+        check_causal_mask(odd)
+    message = str(info.value)
+    assert "wrong values" in message and "case 'T=4, S=4'" in message
+    for planted in ("top-left", "inverted", "future", "triangle"):
+        assert planted not in message
 
 
 # ------------------------------------------------------------------------- 5.2 masked_attention
@@ -660,7 +698,7 @@ class LMByHand(_LMParts):
 @pytest.mark.parametrize("model_class", [LMWithCourseFunctions, LMWithTorchAttention, LMByHand])
 def test_tiny_lm_accepts_correct_models(model_class, capsys):
     check_tiny_lm(model_class)
-    assert "your language model follows the five steps" in capsys.readouterr().out
+    assert "your language model follows the equations" in capsys.readouterr().out
 
 
 class LMNoAttentionResidual(_LMParts):
@@ -702,18 +740,18 @@ class LMUnscaled(_LMParts):
 
 
 STEP_MISTAKES = {
-    LMNoAttentionResidual: r"x = x \+ self.out",
-    LMNoFFNResidual: r"x = x \+ self.ffn\(x\)",
+    LMNoAttentionResidual: r"attention output instead of adding it.*x1 = x0 \+ out",
+    LMNoFFNResidual: r"self.ffn\(x\) instead of adding it.*x2 = x1 \+ ffn\(x1\)",
     LMNoResiduals: "replaced x instead of adding to it, twice",
     LMQueriesKeysSwapped: "swapped queries and keys",
-    LMUnscaled: "differ from the five steps",
+    LMUnscaled: "differ from the exercise's",
 }
 
 
 @pytest.mark.parametrize("model_class", list(STEP_MISTAKES), ids=lambda c: c.__name__)
 def test_tiny_lm_grades_the_written_steps(model_class):
     # each of these is causal, reads the past, uses positions and keeps examples apart, so only
-    # the comparison with the steps of the exercise can reject it
+    # the comparison with the exercise's equations can reject it
     with pytest.raises(CheckFailure, match=STEP_MISTAKES[model_class]):
         check_tiny_lm(model_class)
 

@@ -164,43 +164,42 @@ def test_merge_heads_rejects_wrong_answers(name):
 
 
 def mha_split(x, W_q, W_k, W_v, W_o, n_heads):
-    b, t, d = x.shape
-    dh = d // n_heads
-    q, k, v = ((x @ w.T).view(b, t, n_heads, dh).transpose(1, 2) for w in (W_q, W_k, W_v))
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(dh), dim=-1)
-    out = (weights @ v).transpose(1, 2).reshape(b, t, d)
+    b, t, _ = x.shape
+    q, k, v = ((x @ w.T).view(b, t, n_heads, -1).transpose(1, 2) for w in (W_q, W_k, W_v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    out = (weights @ v).transpose(1, 2).reshape(b, t, -1)
     return out @ W_o.T
 
 
 def mha_list_of_heads(x, W_q, W_k, W_v, W_o, n_heads):
-    dh = x.shape[-1] // n_heads
+    d_k, d_v = W_q.shape[0] // n_heads, W_v.shape[0] // n_heads
     heads = []
     for h in range(n_heads):
-        rows = slice(h * dh, (h + 1) * dh)
-        q, k, v = x @ W_q[rows].T, x @ W_k[rows].T, x @ W_v[rows].T
-        scores = q @ k.transpose(-2, -1) / dh ** 0.5
+        q = x @ W_q[h * d_k:(h + 1) * d_k].T
+        k = x @ W_k[h * d_k:(h + 1) * d_k].T
+        v = x @ W_v[h * d_v:(h + 1) * d_v].T
+        scores = q @ k.transpose(-2, -1) / d_k ** 0.5
         heads.append(torch.softmax(scores, dim=-1) @ v)
     return torch.cat(heads, dim=-1) @ W_o.T
 
 
 def mha_einsum_per_head_w_o(x, W_q, W_k, W_v, W_o, n_heads):
     d = x.shape[-1]
-    dh = d // n_heads
-    wq, wk, wv = (w.view(n_heads, dh, d) for w in (W_q, W_k, W_v))
+    wq, wk, wv = (w.view(n_heads, -1, d) for w in (W_q, W_k, W_v))
     q = torch.einsum("btd,hed->bhte", x, wq)
     k = torch.einsum("btd,hed->bhte", x, wk)
-    v = torch.einsum("btd,hed->bhte", x, wv)
-    weights = torch.einsum("bhte,bhse->bhts", q, k).div(math.sqrt(dh)).softmax(-1)
-    heads = torch.einsum("bhts,bhse->bhte", weights, v)
-    w_o = W_o.view(d, n_heads, dh)  # W_o^(h) = W_o[:, h*Dh:(h+1)*Dh]
-    return torch.einsum("bhte,dhe->btd", heads, w_o)  # a sum over heads
+    v = torch.einsum("btd,hfd->bhtf", x, wv)
+    weights = torch.einsum("bhte,bhse->bhts", q, k).div(math.sqrt(wq.shape[1])).softmax(-1)
+    heads = torch.einsum("bhts,bhsf->bhtf", weights, v)
+    w_o = W_o.view(d, n_heads, -1)  # W_o^(h) = W_o[:, h*d_v:(h+1)*d_v]
+    return torch.einsum("bhtf,dhf->btd", heads, w_o)  # a sum over heads
 
 
 def mha_sdpa(x, W_q, W_k, W_v, W_o, n_heads):
-    b, t, d = x.shape
+    b, t, _ = x.shape
     q, k, v = (F.linear(x, w).view(b, t, n_heads, -1).transpose(1, 2) for w in (W_q, W_k, W_v))
-    out = F.scaled_dot_product_attention(q, k, v)
-    return F.linear(out.transpose(1, 2).reshape(b, t, d), W_o)
+    out = F.scaled_dot_product_attention(q, k, v)  # torch's own, with v's width its own
+    return F.linear(out.transpose(1, 2).flatten(2), W_o)
 
 
 def mha_float64(x, W_q, W_k, W_v, W_o, n_heads):
@@ -208,38 +207,62 @@ def mha_float64(x, W_q, W_k, W_v, W_o, n_heads):
     return mha_split(*args, n_heads).float()
 
 
+def mha_numpy_heads(x, W_q, W_k, W_v, W_o, n_heads):
+    # the number of heads arrives as a numpy integer in a learner's own experiments
+    return mha_split(x, W_q, W_k, W_v, W_o, int(np.int64(n_heads)))
+
+
 @pytest.mark.parametrize("fn", [mha_split, mha_list_of_heads, mha_einsum_per_head_w_o, mha_sdpa,
-                                mha_float64])
+                                mha_float64, mha_numpy_heads])
 def test_multi_head_attention_accepts_correct_answers(fn, capsys):
     check_multi_head_attention(fn)
     assert "multi_head_attention is correct" in capsys.readouterr().out
 
 
+def test_the_reference_is_torchs_sdpa_and_nn_multihead_attention():
+    from course_lib.course.checks.ch06 import _mha_cases, reference_multi_head_attention
+
+    for case in _mha_cases(seed=63):
+        torch.testing.assert_close(reference_multi_head_attention(*case.args),
+                                   mha_sdpa(*case.args), atol=1e-5, rtol=1e-4)
+    # with d_k = d_v = D / H it is nn.MultiheadAttention without biases
+    torch.manual_seed(0)
+    layer = nn.MultiheadAttention(12, 3, bias=False, batch_first=True).eval()
+    x = torch.randn(2, 5, 12)
+    W_q, W_k, W_v = layer.in_proj_weight.detach().chunk(3)
+    with torch.no_grad():
+        expected = layer(x, x, x, need_weights=False)[0]
+    torch.testing.assert_close(
+        reference_multi_head_attention(x, W_q, W_k, W_v, layer.out_proj.weight.detach(), 3),
+        expected, atol=1e-5, rtol=1e-4)
+
+
 def _mha_variant(*, scale="head", split="right", use_w_o=True, transpose=True, softmax_dim=-1,
-                 one_head=False):
+                 one_head=False, d_head_from_d_model=False):
     def fn(x, W_q, W_k, W_v, W_o, n_heads):
         b, t, d = x.shape
         h = 1 if one_head else n_heads
-        dh = d // h
         tr = (lambda w: w.T) if transpose else (lambda w: w)
 
         def to_heads(y):
+            width = d // h if d_head_from_d_model else y.shape[-1] // h
             if split == "mixing":
-                return y.reshape(b, h, t, dh)
+                return y.reshape(b, h, t, width)
             if split == "interleaved":
-                return y.reshape(b, t, dh, h).permute(0, 3, 1, 2)
-            return y.reshape(b, t, h, dh).transpose(1, 2)
+                return y.reshape(b, t, width, h).permute(0, 3, 1, 2)
+            return y.reshape(b, t, h, width).transpose(1, 2)
 
         def from_heads(y):
             if split in ("mixing", "merge_mixing"):
-                return y.reshape(b, t, d)
+                return y.reshape(b, t, -1)
             if split == "interleaved":
-                return y.permute(0, 2, 3, 1).reshape(b, t, d)
-            return y.transpose(1, 2).reshape(b, t, d)
+                return y.permute(0, 2, 3, 1).reshape(b, t, -1)
+            return y.transpose(1, 2).reshape(b, t, -1)
 
         q, k, v = (to_heads(x @ tr(w)) for w in (W_q, W_k, W_v))
-        divisor = {"head": math.sqrt(dh), "model": math.sqrt(d), "none": 1.0,
-                   "d_head": dh}[scale]
+        d_k, d_v = q.shape[-1], v.shape[-1]
+        divisor = {"head": math.sqrt(d_k), "value": math.sqrt(d_v), "model": math.sqrt(d),
+                   "none": 1.0, "d_head": d_k}[scale]
         out = from_heads(torch.softmax(q @ k.transpose(-2, -1) / divisor, dim=softmax_dim) @ v)
         return out @ tr(W_o) if use_w_o else out
 
@@ -247,19 +270,23 @@ def _mha_variant(*, scale="head", split="right", use_w_o=True, transpose=True, s
 
 
 WRONG_MHA = {
-    "scaled by sqrt(d_model)": (_mha_variant(scale="model"), r"sqrt\(d_model\).*sqrt\(Dh\)"),
-    "scaled by Dh": (_mha_variant(scale="d_head"), "by Dh itself"),
+    "scaled by sqrt(d_v)": (_mha_variant(scale="value"), r"sqrt\(d_v\).*sqrt\(d_k\)"),
+    "scaled by sqrt(d_model)": (_mha_variant(scale="model"), r"sqrt\(d_model\).*sqrt\(d_k\)"),
+    "scaled by d_k": (_mha_variant(scale="d_head"), "by d_k itself"),
     "not scaled": (_mha_variant(scale="none"), "not scaled"),
     "no W_o": (_mha_variant(use_w_o=False), "without the output projection"),
     "reshape without transpose": (_mha_variant(split="mixing"), "mix positions"),
     "merge without transpose": (_mha_variant(split="merge_mixing"), "your merge mixes"),
     "interleaved heads": (_mha_variant(split="interleaved"), "every H-th feature"),
-    "weights not transposed": (_mha_variant(transpose=False), r"x @ W\.T"),
-    "one head of width D": (_mha_variant(one_head=True), "single head of width d_model"),
+    "weights not transposed": (_mha_variant(transpose=False), r"(?s)raised RuntimeError.*d_k and d_v"),
+    "one head of all widths": (_mha_variant(one_head=True), "single head as wide"),
     "softmax over queries": (_mha_variant(softmax_dim=-2), "over the queries"),
+    "head width D / H for the values too": (_mha_variant(d_head_from_d_model=True),
+                                            r"(?s)raised RuntimeError.*not\s+from D"),
     "returns (out, weights)": (lambda *a: (mha_split(*a), None), "not a tuple"),
     "mean over the heads instead of W_o": (
-        lambda x, W_q, W_k, W_v, W_o, h: mha_split(x, W_q, W_k, W_v, torch.eye(x.shape[-1]), h)
+        lambda x, W_q, W_k, W_v, W_o, h: mha_split(x, W_q, W_k, W_v,
+                                                   torch.eye(W_v.shape[0]), h)
         .view(*x.shape[:2], h, -1).mean(2), "shape"),
 }
 
@@ -271,19 +298,34 @@ def test_multi_head_attention_rejects_wrong_answers(name):
         check_multi_head_attention(fn)
 
 
-def test_dividing_by_dh_is_not_reported_as_dividing_by_sqrt_d_model():
+def test_dividing_by_d_k_is_not_reported_as_dividing_by_sqrt_d_model():
     with pytest.raises(CheckFailure) as failure:
         check_multi_head_attention(_mha_variant(scale="d_head"))
     assert "sqrt(d_model)" not in str(failure.value)
 
 
-def test_the_multi_head_cases_tell_dh_from_sqrt_d_model():
+def test_an_unrecognised_mistake_gets_no_planted_explanation():
+    def off(x, W_q, W_k, W_v, W_o, n_heads):
+        return mha_split(x, W_q, W_k, W_v, W_o, n_heads) * 1.01  # wrong, but no listed mistake
+
+    with pytest.raises(CheckFailure) as failure:
+        check_multi_head_attention(off)
+    message = str(failure.value)
+    assert "wrong values" in message and "case 'B=2, T=5, D=12, H=3, d_k=4, d_v=9'" in message
+    for planted in ("sqrt", "transpose", "W_o", "softmax"):
+        assert planted not in message
+
+
+def test_the_multi_head_cases_tell_the_widths_apart():
     from course_lib.course.checks.ch06 import _mha_cases
 
+    names = [case.name for case in _mha_cases(seed=63)]
+    distinct = 0
     for case in _mha_cases(seed=63):
-        d_model, n_heads = case.args[0].shape[-1], case.args[-1]
-        if n_heads > 1:
-            assert not math.isclose(d_model // n_heads, math.sqrt(d_model)), case.name
+        x, W_q, _, W_v, _, n_heads = case.args
+        d_k, d_v = W_q.shape[0] // n_heads, W_v.shape[0] // n_heads
+        distinct += len({math.sqrt(d_k), math.sqrt(d_v), math.sqrt(x.shape[-1]), d_k}) == 4
+    assert distinct >= 3, names
 
 
 # ------------------------------------------------------------------ 6.4 cross_attention_flops
@@ -405,8 +447,8 @@ WRONG_FLOPS = {
         + 4 * b * s * d * d + 2 * b * t * d, "grows faster than in proportion to T"),
     "a string": (lambda *a: f"{flops_formula(*a)}", "return an int"),
     "nothing returned": (lambda *a: None, "return an int"),
-    "the right count as a float": (flops_float, r"a float.*// rather than /.*return an int"),
-    "the right count as a 0-d tensor": (flops_tensor, "not a tensor.*return an int"),
+    "the right count as a float": (flops_float, r"return an int.*a float.*// rather than /"),
+    "the right count as a 0-d tensor": (flops_tensor, r"return an int.*tensor.*\.item\(\)"),
     "a bool": (lambda *a: True, "return an int"),
 }
 
@@ -624,7 +666,7 @@ def test_the_ablation_layers_are_not_changed_by_the_check():
 
 
 class SuspectAttention(nn.Module):
-    """The exercise's layer, with its planted mistake: (B, T, D) reshaped to (B, H, T, Dh)."""
+    """The exercise's layer, with its planted mistake: the heads merged as (B, T, Dh, H)."""
 
     def __init__(self, d_model, n_heads):
         super().__init__()
@@ -636,9 +678,9 @@ class SuspectAttention(nn.Module):
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
-        q, k, v = (y.reshape(b, self.n_heads, t, self.d_head) for y in (q, k, v))
+        q, k, v = (y.reshape(b, t, self.n_heads, self.d_head).transpose(1, 2) for y in (q, k, v))
         heads = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_head), dim=-1) @ v
-        return self.out_proj(heads.transpose(1, 2).reshape(b, t, d))
+        return self.out_proj(heads.permute(0, 2, 3, 1).reshape(b, t, d))
 
 
 def _repaired(*, split="right", merge="right", scale="head", softmax_dim=-1, use_out=True,
@@ -751,11 +793,16 @@ class NewInit(nn.Module):
 
 
 WRONG_REPAIR = {
-    "the suspect unchanged": (SuspectAttention, r"heads-apart property test finds.*head 0"),
+    "the suspect unchanged": (SuspectAttention,
+                              r"heads-apart property test finds the mistake.*interleaves"),
     "split and merge both mixing": (_repaired(split="mixing", merge="mixing"), "who_sees_whom"),
     "interleaved heads": (_repaired(split="interleaved", merge="interleaved"),
                           "heads-apart property test"),
-    "merge mixes positions": (_repaired(merge="mixing"), "your merge mixes positions"),
+    "merge mixes positions": (_repaired(merge="mixing"), "Your merge mixes positions"),
+    "the lecture's split bug": (_repaired(split="mixing"),
+                                "heads-apart property test finds the cause"),
+    "interleaved split only": (_repaired(split="interleaved"),
+                               "heads-apart property test finds the cause"),
     "scaled by sqrt(d_model)": (_repaired(scale="model"), r"sqrt\(d_model\)"),
     "softmax over the queries": (_repaired(softmax_dim=-2), "over the queries"),
     "no output projection": (_repaired(use_out=False), "output projection"),
@@ -795,9 +842,8 @@ def test_heads_apart_holds_for_a_correct_layer_and_fails_for_the_suspect():
 # ------------------------------------------------------------ 6.2 predictions (predict, verify)
 
 
-@pytest.mark.parametrize("answer", [(0.25, 4), (16 / 64, math.sqrt(16)), [0.25, 4.0],
-                                    (np.float32(0.25), np.int64(4)),
-                                    (torch.tensor(0.25), torch.tensor(4.0)), (0.26, 4.1)])
+@pytest.mark.parametrize("answer", [(0.25, 4.0), (16 / 64, math.sqrt(16)), [0.25, 4.0],
+                                    (np.float32(0.25), np.float64(4)), (0.26, 4.1)])
 def test_scale_predictions_accepts_the_right_numbers(answer, capsys):
     check_scale_predictions(lambda: answer)
     out = capsys.readouterr().out
@@ -818,6 +864,10 @@ WRONG_PREDICTIONS = {
     "one number": (0.25, "two numbers"),
     "nothing": (None, "two numbers"),
     "three numbers": ((0.25, 4.0, 1.0), "two numbers"),
+    "an int divisor": ((0.25, 4), r"the divisor should be a number.*float\(\.\.\.\)"),
+    "0-d tensors": ((torch.tensor(0.25), torch.tensor(4.0)),
+                    r"the predicted variance should be.*\.item\(\)"),
+    "a bool": ((True, 4.0), "should be a number"),
 }
 
 

@@ -78,55 +78,73 @@ def _close_nan(a: torch.Tensor, b: torch.Tensor, atol: float = ATOL, rtol: float
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5.1: causal_mask(n)
+# Exercise 5.1: causal_mask(n_queries, n_keys), the queries being the last of the keys
+
+
+def _ones(n_queries: int, n_keys: int) -> torch.Tensor:
+    return torch.ones(n_queries, n_keys, dtype=torch.bool)
 
 
 CAUSAL_MASK_MISTAKES = [
     Misconception(
-        lambda n: ~causal_mask(n),
+        lambda t, s: ~causal_mask(t, s),
         "Your mask is inverted: True must mean 'may attend' (the convention of "
-        "F.scaled_dot_product_attention), so it is True on and below the diagonal, where key "
-        "j <= query i. You marked the forbidden (future) entries instead; flip it with ~",
+        "F.scaled_dot_product_attention). You marked the forbidden (future) keys instead; "
+        "flip it with ~",
     ),
     Misconception(
-        lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1),
-        "Your mask leaves out the diagonal: a position may attend to itself (key j <= query i, "
-        "'Zuko' sees 'Zuko'), so keep diagonal=0 in torch.tril, not diagonal=-1. Without it "
-        "the first row has no allowed key at all",
+        lambda t, s: torch.tril(_ones(t, s)),
+        "Your mask treats the new queries as positions 0..T-1, the first keys: it is aligned "
+        "to the top-left corner. The T new queries come AFTER the S - T cached keys, so query "
+        "i sits at position S - T + i and may see every cached key and the new ones up to "
+        "itself (this is the mistake F.scaled_dot_product_attention's is_causal=True makes "
+        "when T differs from S)",
     ),
     Misconception(
-        lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool)),
-        "Your mask is upper-triangular: each query may see the future and not the past. Row i "
-        "is query i and column j is key j; query i may attend to keys j <= i, which is the "
-        "lower triangle (torch.tril)",
+        lambda t, s: causal_mask(t),
+        "Your mask has one column per query, (T, T): it needs one column per key, (T, S), "
+        "and the first S - T keys are the cached ones every new query may see",
     ),
     Misconception(
-        lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=1),
-        "Your mask lets each query see one key into the future (key i + 1): use torch.tril "
-        "with diagonal=0, not diagonal=1",
+        lambda t, s: torch.tril(_ones(t, s), diagonal=s - t - 1),
+        "Your mask leaves out each query's own position: query i (position S - T + i) may "
+        "attend to itself. Without it the first new query of a prompt with no cache has no "
+        "allowed key at all",
     ),
     Misconception(
-        lambda n: torch.ones(n, n, dtype=torch.bool),
-        "Your mask allows every key for every query: nothing is masked. Keys after the query "
-        "(j > i) must be False",
+        lambda t, s: torch.tril(_ones(t, s), diagonal=s - t + 1),
+        "Your mask lets each query see one key into the future (the key right after its own "
+        "position): the right edge is off by one",
+    ),
+    Misconception(
+        lambda t, s: torch.triu(_ones(t, s), diagonal=s - t),
+        "Your mask is the wrong triangle: each query may see its own position and the future, "
+        "not the past. Row i is query i and column j is key j",
+    ),
+    Misconception(
+        lambda t, s: _ones(t, s),
+        "Your mask allows every key for every query: nothing is masked. Keys after a query's "
+        "own position must be False",
     ),
 ]
 
 
 def check_causal_mask(causal_mask_fn: Callable) -> None:
-    """Check ``causal_mask(n)`` -> (n, n) bool, True where key j <= query i.
+    """Check ``causal_mask(n_queries, n_keys)`` -> (T, S) bool: the T queries are the last T
+    of S positions, and query i may attend to key j when j <= S - T + i.
 
     Args:
-        causal_mask_fn: the learner's function taking an int n.
+        causal_mask_fn: the learner's function taking two ints, T and S (T <= S).
     """
 
     def check_one(got, case: Case) -> None:
-        expected = causal_mask(case.args[0])
+        expected = causal_mask(*case.args)
         _require_bool(got, expected, case, "Your mask")
         compare_tensors(got, expected, case, what="Your mask",
                         misconceptions=CAUSAL_MASK_MISTAKES, atol=0.0, rtol=0.0)
 
-    cases = [Case(f"n={n}", (n,)) for n in (4, 1, 2, 7)]
+    cases = [Case(f"T={t}, S={s}", (t, s)) for t, s in
+             ((4, 4), (2, 6), (1, 5), (3, 7), (1, 1), (5, 5))]
     run_cases("causal_mask", causal_mask_fn, cases, check_one)
 
 
@@ -664,11 +682,11 @@ def _check_lm_causal(model: torch.nn.Module, ids: torch.Tensor) -> None:
     future = torch.triu(torch.ones_like(sees), diagonal=1)
     if (sees & future).any():
         ahead = int(max(j - i for i, j in torch.nonzero(sees & future).tolist()))
-        extra = (" Only one position ahead: is the mask off by one (diagonal=1 instead of 0)?"
+        extra = (" Only one position ahead: is the mask off by one?"
                  if ahead == 1 else "")
         raise CheckFailure(
             f"your model leaks the future: the output at some position changes when a later "
-            f"token changes (up to {ahead} position(s) ahead). Pass causal_mask(T) to "
+            f"token changes (up to {ahead} position(s) ahead). Pass causal_mask(T, T) to "
             f"masked_attention so that position i attends only to positions j <= i.{extra}"
         )
     past = torch.tril(torch.ones_like(sees), diagonal=-1)
@@ -682,13 +700,13 @@ def _check_lm_causal(model: torch.nn.Module, ids: torch.Tensor) -> None:
 
 
 def check_tiny_lm(model_class: Callable) -> None:
-    """Check the capstone language model's ``forward``: its properties, then its steps.
+    """Check the capstone language model's ``forward``: its properties, then its equations.
 
     The class is built as ``model_class(vocab_size, d_model=16, max_len=12)`` and must return
     an output whose ``.logits`` has shape (B, T, vocab_size). Checked: the shape, that no
     output depends on a later token and every output depends on every earlier one, that word
     order matters (positions are used), that the examples of a batch do not mix, and finally
-    that the logits equal the exercise's five steps applied to the model's own layers.
+    that the logits equal the exercise's equations applied to the model's own layers.
     """
     model = _build_lm(model_class)
     gen = torch.Generator().manual_seed(5)
@@ -714,7 +732,7 @@ def check_tiny_lm(model_class: Callable) -> None:
             "the token embeddings before the attention"
         )
     _check_lm_steps(model, ids, logits)
-    print("\u2705 your language model follows the five steps (equal to a reference built from "
+    print("\u2705 your language model follows the equations (equal to a reference built from "
           "its own layers), is causal, reads every earlier token, uses word order and keeps "
           "the examples of a batch apart (probed with random weights, a batch of 3 sequences "
           "of 10 tokens)")
@@ -725,7 +743,7 @@ _LM_PARTS = ("token", "position", "qkv", "out", "ffn", "head")
 
 def _reference_lm_logits(model: torch.nn.Module, ids: torch.Tensor, *, attn_residual: bool = True,
                          ffn_residual: bool = True, order: str = "qkv") -> torch.Tensor:
-    """The five steps of the exercise with the model's own layers (variants: a step left out,
+    """The exercise's equations with the model's own layers (variants: an addition left out,
     the slices of the fused projection taken in another order)."""
     T = ids.shape[1]
     x = model.token(ids) + model.position(torch.arange(T))  # (B, T, D)
@@ -739,22 +757,23 @@ def _reference_lm_logits(model: torch.nn.Module, ids: torch.Tensor, *, attn_resi
 
 _LM_STEP_MISTAKES = (
     ({"attn_residual": False, "ffn_residual": False},
-     "you replaced x instead of adding to it, twice: step 4 adds the attention output to x, "
-     "then adds self.ffn(x) to x (residual connections)"),
+     "you replaced x instead of adding to it, twice: x1 = x0 + out(attention) and "
+     "x2 = x1 + ffn(x1) both add to what was there (residual connections)"),
     ({"attn_residual": False},
-     "you replaced x by the attention output instead of adding it: step 4 is "
-     "x = x + self.out(attention output)"),
+     "you replaced x by the attention output instead of adding it: the equations say "
+     "x1 = x0 + out(attention)"),
     ({"ffn_residual": False},
-     "you replaced x by self.ffn(x) instead of adding it: step 4 is x = x + self.ffn(x)"),
+     "you replaced x by self.ffn(x) instead of adding it: the equations say "
+     "x2 = x1 + ffn(x1)"),
     ({"order": "kqv"},
      "you swapped queries and keys: the first slice of self.qkv(x) holds the queries, the "
-     "second the keys (step 2)"),
+     "second the keys"),
     ({"order": "vkq"},
      "you swapped queries and values: the slices of self.qkv(x) are queries, keys, values, "
-     "in that order (step 2)"),
+     "in that order"),
     ({"order": "qvk"},
      "you swapped keys and values: the slices of self.qkv(x) are queries, keys, values, in "
-     "that order (step 2)"),
+     "that order"),
 )
 
 
@@ -773,7 +792,7 @@ def _check_lm_steps(model: torch.nn.Module, ids: torch.Tensor, logits: torch.Ten
             if _close_nan(logits, _reference_lm_logits(model, ids, **variant)):
                 raise CheckFailure(f"your model has the right properties, but {message}")
     raise CheckFailure(
-        "your model has the right properties, but its logits differ from the five steps "
-        f"applied to its own layers by up to {float((logits - expected).abs().max()):.3g}: "
-        "check each step against the exercise (the order, the residual additions, the "
-        "attention scale 1/sqrt(d))")
+        "your model has the right properties, but its logits differ from the exercise's "
+        "equations applied to its own layers by up to "
+        f"{float((logits - expected).abs().max()):.3g}: compare each of your lines with one "
+        "equation")

@@ -1,6 +1,7 @@
-"""Checks for chapter 06, multi-head attention: a layer whose split into heads mixes positions
-(find the bug), a prediction of each head's score variance, multi-head attention from given
-weights, the FLOP count of cross-attention, and switching heads off. ``check_split_heads`` and
+"""Checks for chapter 06, multi-head attention: a layer whose merge puts the heads' outputs in
+the wrong places (find the bug), a prediction of each head's score variance, multi-head
+attention with a value width of its own, the FLOP count of cross-attention, and switching heads
+off. ``check_split_heads`` and
 ``check_merge_heads`` check the two reshapes on their own (practice; no graded cell uses them)."""
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +24,17 @@ from course_lib.attention import (
 )
 from course_lib.course.probes import ablate_heads, who_sees_whom
 
-from ._core import Case, CheckFailure, Misconception, call_learner, compare_tensors, describe, rand
+from ._core import (
+    Case,
+    CheckFailure,
+    Misconception,
+    call_learner,
+    compare_tensors,
+    describe,
+    rand,
+    require_count,
+    require_real,
+)
 
 # --------------------------------------------------------------------------------------------
 # Practice (no graded cell): split_heads(x, n_heads)
@@ -179,7 +189,7 @@ def check_merge_heads(merge_heads_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 6.1 (find the bug): a multi-head layer whose split into heads mixes positions
+# Exercise 6.1 (find the bug): a multi-head layer whose merge interleaves the heads
 
 _REFERENCE = "nn.MultiheadAttention with the same weights"
 _APART = "the heads-apart property test"
@@ -258,18 +268,27 @@ def _layer_variant(layer: nn.Module, x: torch.Tensor, n_heads: int, *, split="ri
     d_head = d_model // n_heads
     q, k, v = layer.qkv_proj(x).chunk(3, dim=-1)  # (B, T, D) each
     split_fn = {"right": lambda t: split_heads(t, n_heads),
-                "mixing": lambda t: _mixing_split(t, n_heads)}[split]
+                "mixing": lambda t: _mixing_split(t, n_heads),
+                "interleaved": lambda t: _interleaved_split(t, n_heads)}[split]
     q, k, v = (split_fn(t) for t in (q, k, v))  # (B, H, T, Dh)
     divisor = {"head": math.sqrt(d_head), "model": math.sqrt(d_model), "none": 1.0}[scale]
     heads = torch.softmax(q @ k.transpose(-2, -1) / divisor, dim=softmax_dim) @ v
-    concat = {"right": merge_heads, "mixing": _mixing_merge}[merge](heads)  # (B, T, D)
+    concat = {"right": merge_heads, "mixing": _mixing_merge,
+              "interleaved": _interleaved_merge}[merge](heads)  # (B, T, D)
     return layer.out_proj(concat) if use_out else concat
 
 
 _FOUND_BY_REFERENCE = f" (found by comparing with {_REFERENCE})"
 _REPAIR_MISTAKES = [
+    (dict(merge="interleaved"),
+     "The heads-apart property test finds the mistake: changing only head 0's rows of W_q, "
+     "W_k and W_v moves numbers in every head's slice of the concatenation (the input of "
+     "out_proj). Your merge interleaves the heads: it puts the head axis after the features, "
+     "so feature e of head h lands at column e*H + h instead of h*Dh + e, and out_proj's "
+     "columns for head h receive numbers from all heads. Undo the split in the reverse order "
+     "of its axes"),
     (dict(merge="mixing"),
-     "Your split into heads is right now, but your merge mixes positions: reshaping "
+     "Your merge mixes positions: reshaping "
      "(B, H, T, Dh) straight to (B, T, D) reads the numbers head by head. Bring the positions "
      "back next to the batch first, then flatten the heads' features" + _FOUND_BY_REFERENCE),
     (dict(split="mixing", merge="mixing"),
@@ -277,10 +296,10 @@ _REPAIR_MISTAKES = [
      "each 'head' then sees only the positions that landed in its chunk of memory. "
      "who_sees_whom finds it: each output depends on only some of the input positions"),
     (dict(scale="model"),
-     "Your split is right now, but you divide the scores by sqrt(d_model): each head dots "
+     "You divide the scores by sqrt(d_model): each head dots "
      "Dh-dimensional vectors, so divide by sqrt(Dh)" + _FOUND_BY_REFERENCE),
     (dict(scale="none"),
-     "Your split is right now, but the scores are not scaled: divide by sqrt(Dh)"
+     "Your scores are not scaled: divide by sqrt(Dh)"
      + _FOUND_BY_REFERENCE),
     (dict(softmax_dim=-2),
      "Your softmax runs over the queries (dim -2); each query's weights must sum to 1 over "
@@ -319,13 +338,15 @@ def _diagnose_layer(layer: nn.Module, x: torch.Tensor, got: torch.Tensor,
         lines.append(f"The heads-apart property test finds the cause: changing only head "
                      f"{h}'s rows of W_q, W_k and W_v moved the slices of heads {m} of the "
                      f"concatenation (the input of out_proj); in a correct layer only head "
-                     f"{h}'s slice moves. Your split hands a head features that belong to "
-                     "other heads or positions: the lecture's property test (row t of every "
-                     "head depends on input position t alone) would have caught it.")
+                     f"{h}'s slice moves. Somewhere between the split and the merge, numbers "
+                     "cross from one head to another (or from one position to another): head h "
+                     "must work on features h*Dh .. (h+1)*Dh - 1 of its own position and fill "
+                     "the same features of the concatenation, the columns of W_o that belong "
+                     "to it.")
     if len(lines) == 1:
-        lines.append(f"who_sees_whom and {_APART} both pass, so the split into heads looks "
-                     "right: compare the rest of forward (scaling, softmax, merge, out_proj) "
-                     "with the lecture's layer.")
+        lines.append(f"who_sees_whom and {_APART} both pass, so the split into heads and "
+                     "the merge look right: compare the rest of forward (scaling, softmax, "
+                     "out_proj) with the lecture's layer.")
     return " ".join(lines)
 
 
@@ -404,14 +425,6 @@ DIVISOR_MISTAKES = {
 }
 
 
-def _as_real(value: Any) -> float | None:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
 def _grade_one(value: float, expected: float, mistakes: dict[float, str], what: str) -> None:
     if math.isclose(value, expected, rel_tol=0.1):
         return
@@ -443,12 +456,13 @@ def check_scale_predictions(predictions: Callable) -> None:
     Args:
         predictions: the learner's function of no arguments.
     """
-    got = call_learner(predictions, Case("the setting of exercise 6.2"))
-    values = [_as_real(v) for v in got] if isinstance(got, (tuple, list)) else []
-    if len(values) != 2 or None in values:
+    case = Case("the setting of exercise 6.2")
+    got = call_learner(predictions, case)
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise CheckFailure(f"predictions() should return two numbers, (variance, divisor), "
                            f"but returned {describe(got)}")
-    variance, divisor = values
+    variance = require_real(got[0], "the predicted variance", case)
+    divisor = require_real(got[1], "the divisor", case)
     _grade_one(variance, 16 / 64, VARIANCE_MISTAKES, "predicted variance with divisor 8")
     _grade_one(divisor, 4.0, DIVISOR_MISTAKES, "divisor")
     (var_8, ent_8), (var_4, ent_4) = measured_score_stats(8.0), measured_score_stats(4.0)
@@ -461,7 +475,7 @@ def check_scale_predictions(predictions: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 6.3: multi_head_attention(x, W_q, W_k, W_v, W_o, n_heads)
+# Exercise 6.3: multi_head_attention(x, W_q, W_k, W_v, W_o, n_heads), with d_v != d_k
 
 
 def _interleaved_split(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -482,35 +496,39 @@ def _mixing_merge(x: torch.Tensor) -> torch.Tensor:
 
 def _mha(x, W_q, W_k, W_v, W_o, n_heads, *, scale="head", split=split_heads, merge=merge_heads,
          use_w_o=True, transpose=True, softmax_dim=-1):
-    """Multi-head attention with switches that reproduce common mistakes."""
+    """Multi-head attention (head widths read from the weights) with switches that reproduce
+    common mistakes."""
     t = (lambda w: w.T) if transpose else (lambda w: w)
-    q, k, v = (split(x @ t(w), n_heads) for w in (W_q, W_k, W_v))  # (B, H, T, Dh)
-    d_head = q.shape[-1]
-    divisor = {"head": math.sqrt(d_head), "model": math.sqrt(x.shape[-1]), "none": 1.0,
-               "d_head": d_head}[scale]
+    q, k, v = (split(x @ t(w), n_heads) for w in (W_q, W_k, W_v))  # (B, H, T, d_k or d_v)
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    divisor = {"head": math.sqrt(d_k), "value": math.sqrt(d_v), "model": math.sqrt(x.shape[-1]),
+               "none": 1.0, "d_head": d_k}[scale]
     scores = q @ k.transpose(-2, -1) / divisor  # (B, H, T, T)
-    out = torch.softmax(scores, dim=softmax_dim) @ v  # (B, H, T, Dh)
-    concat = merge(out)  # (B, T, D)
+    out = torch.softmax(scores, dim=softmax_dim) @ v  # (B, H, T, d_v)
+    concat = merge(out)  # (B, T, H * d_v)
     return concat @ t(W_o) if use_w_o else concat
 
 
 MHA_MISTAKES = [
     Misconception(
+        functools.partial(_mha, scale="value"),
+        "You divided the scores by sqrt(d_v). A score is the dot product of a query and a key, "
+        "d_k features each, so its typical size is sqrt(d_k): the value width plays no part "
+        "in it. Divide by sqrt(d_k)",
+    ),
+    Misconception(
         functools.partial(_mha, scale="model"),
         "You divided the scores by sqrt(d_model). Each head's dot products run over its own "
-        "Dh = d_model / n_heads features, so their typical size is sqrt(Dh): divide by "
-        "sqrt(Dh), the sqrt(d/h) of the lecture notes. With sqrt(d_model) every head's scores "
-        "are sqrt(n_heads) times too small and its attention too uniform",
+        "d_k query and key features, so their typical size is sqrt(d_k): divide by sqrt(d_k)",
     ),
     Misconception(
         functools.partial(_mha, scale="none"),
-        "Your scores are not scaled: divide each head's q k^T by sqrt(Dh), "
-        "Dh = d_model / n_heads",
+        "Your scores are not scaled: divide each head's q k^T by sqrt(d_k)",
     ),
     Misconception(
         functools.partial(_mha, scale="d_head"),
-        "You divided the scores by Dh itself. A dot product of Dh features has variance Dh, "
-        "so its typical size is sqrt(Dh): divide by sqrt(Dh), not Dh",
+        "You divided the scores by d_k itself. A dot product of d_k features has variance d_k, "
+        "so its typical size is sqrt(d_k): divide by sqrt(d_k), not d_k",
     ),
     Misconception(
         functools.partial(_mha, use_w_o=False),
@@ -519,17 +537,19 @@ MHA_MISTAKES = [
     ),
     Misconception(
         functools.partial(_mha, split=_mixing_split, merge=_mixing_merge),
-        HEAD_MIXING + " (and undo it in the same way: .transpose(1, 2), then reshape)",
+        HEAD_MIXING.replace("Dh", "d_k") + " (and undo it in the same way: .transpose(1, 2), "
+        "then reshape)",
     ),
     Misconception(
         functools.partial(_mha, merge=_mixing_merge),
         "Your split into heads is right, but your merge mixes positions: reshaping "
-        "(B, H, T, Dh) straight to (B, T, D) reads the numbers head by head. Transpose back to "
-        "(B, T, H, Dh) first, then flatten the last two axes",
+        "(B, H, T, d_v) straight to (B, T, H * d_v) reads the numbers head by head. Transpose "
+        "back to (B, T, H, d_v) first, then flatten the last two axes",
     ),
     Misconception(
         functools.partial(_mha, split=_interleaved_split, merge=_interleaved_merge),
-        INTERLEAVED,
+        INTERLEAVED.replace("h*Dh .. (h+1)*Dh - 1", "h*d_k .. (h+1)*d_k - 1 (h*d_v .. for the "
+                            "values)").replace("(H, Dh), not (Dh, H)", "(H, d), not (d, H)"),
     ),
     Misconception(
         functools.partial(_mha, transpose=False),
@@ -538,9 +558,9 @@ MHA_MISTAKES = [
     ),
     Misconception(
         lambda x, W_q, W_k, W_v, W_o, n_heads: _mha(x, W_q, W_k, W_v, W_o, 1),
-        "You computed a single head of width d_model. Split the queries, keys and values into "
-        "n_heads heads of Dh = d_model / n_heads features and attend within each head "
-        "separately",
+        "You computed a single head as wide as all the heads together. Split the queries and "
+        "keys into n_heads heads of d_k features, the values into n_heads heads of d_v "
+        "features, and attend within each head separately",
     ),
     Misconception(
         functools.partial(_mha, softmax_dim=-2),
@@ -550,41 +570,56 @@ MHA_MISTAKES = [
 ]
 
 
-def _weights(gen: torch.Generator, d_model: int, scale: float = 1.0) -> tuple:
-    return tuple(rand(gen, d_model, d_model, scale=scale / math.sqrt(d_model))
-                 for _ in range(4))  # W_q, W_k, W_v, W_o, each (D, D)
+def _weights(gen: torch.Generator, d_model: int, n_heads: int, d_k: int, d_v: int,
+             scale: float) -> tuple:
+    """W_q, W_k (H*d_k, D), W_v (H*d_v, D) and W_o (D, H*d_v), in nn.Linear's layout."""
+    shapes = [(n_heads * d_k, d_model)] * 2 + [(n_heads * d_v, d_model),
+                                               (d_model, n_heads * d_v)]
+    return tuple(rand(gen, *shape, scale=scale / math.sqrt(shape[1])) for shape in shapes)
 
 
 def _mha_cases(seed: int) -> list[Case]:
     gen = torch.Generator().manual_seed(seed)
-    # Dh != sqrt(D) in every case with H > 1, so dividing by Dh and by sqrt(d_model) differ
-    specs = [
-        ("B=2, T=5, D=12, H=3", (2, 5, 12), 3, 2.0),
-        ("one head, H=1", (2, 4, 8), 1, 2.0),
-        ("Dh=1: D=6, H=6", (1, 5, 6), 6, 2.0),
-        ("one position, T=1", (2, 1, 8), 2, 2.0),
-        ("B=1, T=7, D=24, H=3", (1, 7, 24), 3, 2.0),
-        ("T = H = 4, D=32, larger weights", (2, 4, 32), 4, 3.0),
+    # d_k != d_v, and sqrt(d_k) differs from sqrt(d_v), sqrt(D) and d_k, in every case but the
+    # usual layer's (d_k = d_v = D / H) and the one with d_k = 1
+    specs = [  # name, (B, T, D), H, d_k, d_v, weight scale
+        ("B=2, T=5, D=12, H=3, d_k=4, d_v=9", (2, 5, 12), 3, 4, 9, 2.0),
+        ("one head, H=1, D=8, d_k=3, d_v=8", (2, 4, 8), 1, 3, 8, 2.0),
+        ("d_k=1: D=6, H=6, d_v=2", (1, 5, 6), 6, 1, 2, 2.0),
+        ("one position, T=1, D=8, H=2, d_k=4, d_v=3", (2, 1, 8), 2, 4, 3, 2.0),
+        ("narrow values: D=24, H=3, d_k=9, d_v=2", (1, 7, 24), 3, 9, 2, 2.0),
+        ("the usual layer: d_k = d_v = D/H, D=32, H=4", (2, 4, 32), 4, 8, 8, 3.0),
     ]
-    return [Case(name, (rand(gen, *shape), *_weights(gen, shape[-1], scale), n_heads),
-                 hint="x is (B, T, D) and every weight (D, D) in nn.Linear's (out, in) layout")
-            for name, shape, n_heads, scale in specs]
+    hint = ("W_q and W_k are (H*d_k, D), W_v is (H*d_v, D) and W_o is (D, H*d_v), in "
+            "nn.Linear's (out, in) layout: read d_k and d_v from the weights' shapes, not "
+            "from D")
+    return [Case(name, (rand(gen, *shape), *_weights(gen, shape[-1], h, d_k, d_v, scale), h),
+                 hint=hint)
+            for name, shape, h, d_k, d_v, scale in specs]
+
+
+def reference_multi_head_attention(x: torch.Tensor, W_q: torch.Tensor, W_k: torch.Tensor,
+                                   W_v: torch.Tensor, W_o: torch.Tensor,
+                                   n_heads: int) -> torch.Tensor:
+    """course_lib's heads and attention with d_k = W_q.shape[0] / H and d_v = W_v.shape[0] / H:
+    (B, T, D) -> (B, T, D), scores scaled by 1/sqrt(d_k)."""
+    q, k, v = (split_heads(x @ w.T, n_heads) for w in (W_q, W_k, W_v))  # (B, H, T, d_k / d_v)
+    heads, _ = scaled_dot_product_attention(q, k, v)  # (B, H, T, d_v), 1/sqrt(d_k) scaling
+    return merge_heads(heads) @ W_o.T  # (B, T, D)
 
 
 def check_multi_head_attention(multi_head_attention: Callable) -> None:
-    """Check ``multi_head_attention(x, W_q, W_k, W_v, W_o, n_heads)`` -> (B, T, D): H heads of
-    scaled dot-product attention (scaled by 1/sqrt(Dh)), concatenated, then W_o; weights in
-    nn.Linear's (out, in) layout, no biases, no mask.
+    """Check ``multi_head_attention(x, W_q, W_k, W_v, W_o, n_heads)`` -> (B, T, D): H heads whose
+    queries and keys have d_k features and whose values have d_v (read from the weights'
+    shapes), scaled by 1/sqrt(d_k), concatenated, then W_o; weights in nn.Linear's (out, in)
+    layout, no biases, no mask.
 
     Args:
         multi_head_attention: the learner's function.
     """
 
     def check_one(got, case: Case) -> None:
-        x, W_q, W_k, W_v, W_o, n_heads = case.args
-        q, k, v = (split_heads(x @ w.T, n_heads) for w in (W_q, W_k, W_v))  # (B, H, T, Dh)
-        heads, _ = scaled_dot_product_attention(q, k, v)  # (B, H, T, Dh), 1/sqrt(Dh) scaling
-        expected = merge_heads(heads) @ W_o.T  # (B, T, D)
+        expected = reference_multi_head_attention(*case.args)
         compare_tensors(got, expected, case, what="Your output", misconceptions=MHA_MISTAKES)
 
     _run("multi_head_attention", multi_head_attention, _mha_cases(seed=63), check_one)
@@ -700,16 +735,15 @@ _PARTS = (
 
 
 def _as_count(got: Any, case: Case) -> int:
-    """A learner's count as an int: Python and numpy integers only (a count is whole and
-    exact); anything else, floats and tensors included, gives a CheckFailure."""
-    if isinstance(got, numbers.Integral) and not isinstance(got, bool):
-        return int(got)
-    why = {float: " (a FLOP count is a whole number: keep the arithmetic in integers, // "
-                  "rather than /)",
-           torch.Tensor: " (a count is a plain number, not a tensor)"}
-    extra = next((text for kind, text in why.items() if isinstance(got, kind)), "")
-    raise CheckFailure(f"cross_attention_flops returned {describe(got)}{extra}: return an int "
-                       f"(case '{case.name}')")
+    """A learner's FLOP count under the course's one rule for counts (an int or a numpy
+    integer); a float also gets the reminder to keep the arithmetic in integers."""
+    try:
+        return require_count(got, "the FLOP count", case)
+    except CheckFailure as failure:
+        if isinstance(got, float):
+            raise CheckFailure(f"{failure} Keep the arithmetic in integers (// rather than /) "
+                               "so that no rounding creeps in") from None
+        raise
 
 
 def _number(fn: Callable, case: Case) -> int:
