@@ -8,6 +8,7 @@ import gc
 import math
 import weakref
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ from course_lib.course.checks.ch07 import (
     check_dropout,
     check_layer_grad_norms,
     check_layer_norm,
+    check_layer_norm_prediction,
     check_lr_at,
     check_pre_norm_block,
     check_residual_stack,
@@ -30,7 +32,7 @@ from course_lib.course.checks.ch07 import (
 )
 from course_lib.course.probes import layer_grad_norms as library_layer_grad_norms
 
-ALL_CHECKS = [check_layer_norm, check_rms_norm, check_residual_stack, check_layer_grad_norms,
+ALL_CHECKS = [check_layer_norm_prediction, check_layer_norm, check_rms_norm, check_residual_stack, check_layer_grad_norms,
               check_dropout, check_pre_norm_block, check_scaled_init, check_lr_at,
               check_warmup_sweep]
 
@@ -48,6 +50,73 @@ def test_a_function_that_crashes_gets_a_check_failure(check):
 
     with pytest.raises(CheckFailure, match="(?s)raised RuntimeError .*boom"):
         check(crashes)
+
+
+# ------------------------------------------------------------------- 7.1 LayerNorm predictions
+
+
+def _measured_ln():
+    """The four answers, measured with nn.LayerNorm (gain 1, bias 0)."""
+    with torch.no_grad():
+        pair = nn.LayerNorm(2)(torch.tensor([3.0, 7.0]))
+        spike = nn.LayerNorm(4)(torch.tensor([0.0, 0.0, 0.0, 4.0]))
+        shifted = nn.LayerNorm(4)(torch.tensor([5.0, 5.0, 5.0, 9.0]))
+        row = nn.LayerNorm(8)(torch.randn(8, generator=torch.Generator().manual_seed(3)))
+    return {"pair": float(pair[0]), "spike": float(spike[-1]),
+            "shifted_spike": float(shifted[-1]), "sum_of_squares": float((row ** 2).sum())}
+
+
+@pytest.mark.parametrize("convert", [float, np.float64, np.float32, lambda v: round(v, 2)])
+def test_layer_norm_prediction_accepts_right_answers(convert, capsys):
+    check_layer_norm_prediction(lambda: {k: convert(v) for k, v in _measured_ln().items()})
+    out = capsys.readouterr().out
+    assert "predictions are right" in out and "nn.LayerNorm" in out
+
+
+def test_layer_norm_prediction_accepts_exact_values_and_extra_keys():
+    check_layer_norm_prediction(lambda: {"pair": -1.0, "spike": math.sqrt(3),
+                                         "shifted_spike": 3 ** 0.5, "sum_of_squares": 8.0,
+                                         "note": "worked out by hand"})
+
+
+def _with(**changes):
+    return lambda: {**_measured_ln(), **changes}
+
+
+def _unbiased(x, entry):
+    return float(((x - x.mean()) / x.std())[entry])  # torch.std divides by D - 1
+
+
+WRONG_LN_PREDICTIONS = {
+    "D - 1 (pair)": (_with(pair=_unbiased(torch.tensor([3.0, 7.0]), 0)), "D - 1 = 1"),
+    "D - 1 (spike)": (_with(spike=_unbiased(torch.tensor([0.0, 0.0, 0.0, 4.0]), -1)),
+                      "D - 1 = 3"),
+    "D - 1 (sum of squares)": (_with(sum_of_squares=7.0), "D - 1 = 7"),
+    "mean of squares, not the sum": (_with(sum_of_squares=1.0), "MEAN of their squares"),
+    "RMSNorm (no centring)": (_with(spike=2.0), "RMSNorm"),
+    "wrong sign": (_with(pair=1.0), "sign is wrong"),
+    "divided by the variance": (_with(spike=1.0), "divided by the variance"),
+    "shift changes the output": (_with(shifted_spike=0.5), "plus 5 in every feature"),
+    "unrecognised": (_with(pair=-0.3), r"'pair': your prediction -0\.3 .*graded to within"),
+    "an int": (_with(sum_of_squares=8), r"float\(\.\.\.\) makes it a float"),
+    "a tensor": (_with(pair=torch.tensor(-1.0)), r"\.item\(\)"),
+    "a missing key": (lambda: {"pair": -1.0}, "lacks the key"),
+    "not a dict": (lambda: [-1.0, 1.73, 1.73, 8.0], "should return a dict"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_LN_PREDICTIONS))
+def test_layer_norm_prediction_rejects_wrong_answers(name, capsys):
+    fn, message = WRONG_LN_PREDICTIONS[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_layer_norm_prediction(fn)
+    assert "nn.LayerNorm" not in capsys.readouterr().out  # the measurement only after a pass
+
+
+def test_layer_norm_prediction_does_not_blame_the_shift_when_spike_is_wrong_too():
+    with pytest.raises(CheckFailure, match="'spike'") as info:
+        check_layer_norm_prediction(_with(spike=0.9, shifted_spike=0.5))
+    assert "plus 5" not in str(info.value)
 
 
 # ------------------------------------------------------------------------------ 7.1 layer_norm
@@ -807,10 +876,16 @@ def stream_named_parameters(x, n_blocks, scaled):
         h = x
         for block in blocks:
             h = block(h)[0]
-    return h.std()
+    return h.std().item()
 
 
-@pytest.mark.parametrize("fn", [stream_modules, stream_named_parameters])
+def stream_numpy(x, n_blocks, scaled):
+    """A numpy float32 is a real number too."""
+    return np.float32(stream_modules(x, n_blocks, scaled))
+
+
+@pytest.mark.parametrize("fn", [stream_modules, stream_named_parameters, stream_numpy,
+                                ch07.reference_stream_std])
 def test_scaled_init_accepts_correct_experiments(fn, capsys):
     check_scaled_init(fn)
     out = capsys.readouterr().out
@@ -831,16 +906,41 @@ WRONG_EXPERIMENTS = {
     "scaled ignored": (lambda x, n, s: stream_modules(x, n, False), "use its `scaled`"),
     "standard-normal weights": (lambda x, n, s: float(EncoderBlock(x.shape[-1], 4)(x)[0].std())
                                 + 0 * n, "grows only"),
-    "returns a list": (lambda x, n, s: [stream_modules(x, n, s)], "one number"),
+    "returns a list": (lambda x, n, s: [stream_modules(x, n, s)], "should be a number"),
+    "returns a 0-d tensor": (lambda x, n, s: torch.tensor(stream_modules(x, n, s)),
+                             r"a tensor.*\.item\(\)"),
+    "one block too few": (lambda x, n, s: ch07.reference_stream_std(x, n, s, n_built=n - 1),
+                          "one block fewer than n_blocks"),
+    "divides by sqrt(N)": (lambda x, n, s: ch07.reference_stream_std(x, n, s,
+                                                                     divisor=math.sqrt),
+                           r"0\.02 / sqrt\(N\)"),
+    "settings swapped": (lambda x, n, s: stream_modules(x, n, not s), "look swapped"),
     "returns a negative number": (lambda x, n, s: -stream_modules(x, n, s), "positive"),
 }
 
 
 @pytest.mark.parametrize("name", list(WRONG_EXPERIMENTS))
-def test_scaled_init_rejects_wrong_experiments(name):
+def test_scaled_init_rejects_wrong_experiments(name, capsys):
     fn, message = WRONG_EXPERIMENTS[name]
     with pytest.raises(CheckFailure, match=message):
         check_scaled_init(fn)
+    assert "0.02 / sqrt(2N)" not in capsys.readouterr().out  # no measurements before a pass
+
+
+def test_scaled_init_names_what_differs_when_the_mistake_is_unknown():
+    def too_small_init(x, n, s):  # std 0.01 instead of 0.02: right trends, wrong sizes
+        blocks = _gpt2_blocks(x.shape[-1], n, (lambda m: math.sqrt(2 * m)) if s else None)
+        with torch.no_grad():
+            for block in blocks:
+                for p in block.parameters():
+                    if p.dim() == 2:
+                        p.mul_(0.5)
+        return _final_std(blocks, x)
+
+    with pytest.raises(CheckFailure, match=r"(?s)N = \d+ blocks your stream's std is .* the "
+                       r"same experiment run by the check gives") as info:
+        check_scaled_init(too_small_init)
+    assert "sqrt(N)" not in str(info.value) and "fewer" not in str(info.value)
 
 
 # ------------------------------------------------------------------------- 7.7 lr_at, warm-up
@@ -856,15 +956,23 @@ def lr_at_min(step, peak, warmup_steps):
     return peak * min(1.0, (step + 1) / max(warmup_steps, 1))
 
 
-def lr_at_tensor(step, peak, warmup_steps):
-    fraction = torch.tensor((step + 1) / warmup_steps if warmup_steps else 1.0)
-    return peak * fraction.clamp(max=1.0)
+def lr_at_numpy(step, peak, warmup_steps):
+    fraction = np.float64((step + 1) / warmup_steps if warmup_steps else 1.0)
+    return peak * np.minimum(fraction, 1.0)  # a numpy float
 
 
-@pytest.mark.parametrize("fn", [lr_at, lr_at_min, lr_at_tensor])
+@pytest.mark.parametrize("fn", [lr_at, lr_at_min, lr_at_numpy])
 def test_lr_at_accepts_correct_schedules(fn, capsys):
     check_lr_at(fn)
     assert "\u2705" in capsys.readouterr().out
+
+
+def test_lr_at_refuses_a_tensor_with_the_number_rule():
+    def lr_at_tensor(step, peak, warmup_steps):
+        return torch.tensor(lr_at(step, peak, warmup_steps))
+
+    with pytest.raises(CheckFailure, match=r"learning rate should be a number.*\.item\(\)"):
+        check_lr_at(lr_at_tensor)
 
 
 @pytest.mark.parametrize("fn, match", [

@@ -21,16 +21,115 @@ from course_lib.course.checks.ch08 import (
     check_gpt2_parameter_count,
     check_masking_predictions,
     check_mean_pool,
+    check_mlm_loss,
 )
 from course_lib.layers import FeedForward
 
 
-@pytest.mark.parametrize("check", [check_cross_attention, check_bert_layer,
+@pytest.mark.parametrize("check", [check_mlm_loss, check_cross_attention, check_bert_layer,
                                    check_gpt2_parameter_count, check_mean_pool,
                                    check_masking_predictions])
 def test_an_unsolved_stub_fails_as_itself(check):
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
         check(stub)
+
+
+# ---------------------------------------------------------------------------- 8.1 mlm_loss
+
+
+def mlm_cross_entropy(hidden, labels, embedding, dense, norm, bias):
+    u = norm(F.gelu(dense(hidden)))
+    return F.cross_entropy((u @ embedding.T + bias).transpose(1, 2), labels, ignore_index=-100)
+
+
+def mlm_by_hand(hidden, labels, embedding, dense, norm, bias):
+    """Another correct version: log-softmax, a boolean mask, a mean over the scored ones."""
+    u = norm(0.5 * dense(hidden) * (1 + torch.erf(dense(hidden) / math.sqrt(2))))
+    logp = torch.log_softmax(F.linear(u, embedding, bias), dim=-1)  # (B, T, V)
+    scored = labels != -100
+    return -logp[scored].gather(-1, labels[scored].unsqueeze(-1)).mean()
+
+
+def mlm_loop(hidden, labels, embedding, dense, norm, bias):
+    """A loop over the scored positions, summed and divided by their number."""
+    total, count = torch.zeros(()), 0
+    for b, t in zip(*torch.nonzero(labels != -100, as_tuple=True), strict=True):
+        scores = norm(F.gelu(dense(hidden[b, t]))) @ embedding.T + bias  # (V,)
+        total = total - torch.log_softmax(scores, -1)[labels[b, t]]
+        count += 1
+    return total / count
+
+
+def mlm_reference_model(hidden, labels, embedding, dense, norm, bias):
+    """The loss of a MaskedLM whose head holds these very pieces (course_lib's own code)."""
+    from course_lib.configs import EncoderConfig
+    from course_lib.models import MaskedLM, lm_loss
+
+    model = MaskedLM(EncoderConfig(vocab_size=embedding.shape[0], d_model=embedding.shape[1],
+                                   n_heads=1, n_layers=1))
+    model.head_dense, model.head_norm = dense, norm
+    with torch.no_grad():
+        model.encoder.embeddings.token.weight.copy_(embedding)
+        model.lm_head.bias.copy_(bias)
+    u = model.head_norm(model.head_activation(model.head_dense(hidden)))
+    return lm_loss(model.lm_head(u), labels)
+
+
+@pytest.mark.parametrize("fn", [mlm_cross_entropy, mlm_by_hand, mlm_loop, mlm_reference_model])
+def test_mlm_loss_accepts_correct_answers(fn, capsys):
+    check_mlm_loss(fn)
+    assert "mlm_loss equals course_lib's MaskedLM" in capsys.readouterr().out
+
+
+def _mlm_wrong(*, act=F.gelu, norm_first=False, dense_on=True, norm_on=True, bias_on=True,
+               reduce="scored", labels_as="skip", dim=-1):
+    def fn(hidden, labels, embedding, dense, norm, bias):
+        h = dense(hidden) if dense_on else hidden
+        u = act(norm(h)) if norm_first else (norm(act(h)) if norm_on else act(h))
+        logp = torch.log_softmax(u @ embedding.T + (bias if bias_on else 0), dim=dim)
+        scored = labels != -100
+        target = labels.clamp(min=0)
+        nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        if labels_as == "skip":
+            nll = torch.where(scored, nll, torch.zeros(()))
+        return {"scored": nll.sum() / scored.sum(), "all": nll.mean(), "sum": nll.sum()}[reduce]
+    return fn
+
+
+WRONG_MLM = {
+    "mean over every position": (_mlm_wrong(reduce="all"), "averaged over every position"),
+    "-100 clamped to token 0": (_mlm_wrong(labels_as="class 0", reduce="all"), "token 0"),
+    "-100 clamped, mean over scored": (_mlm_wrong(labels_as="class 0"), "token 0"),
+    "sum, not mean": (_mlm_wrong(reduce="sum"), "SUM over the scored"),
+    "no bias": (_mlm_wrong(bias_on=False), "per-token bias"),
+    "no LayerNorm": (_mlm_wrong(norm_on=False), "skips its LayerNorm"),
+    "LayerNorm before GELU": (_mlm_wrong(norm_first=True), "LayerNorm before the GELU"),
+    "tanh GELU": (_mlm_wrong(act=lambda t: F.gelu(t, approximate="tanh")), "tanh"),
+    "ReLU": (_mlm_wrong(act=F.relu), "ReLU"),
+    "no activation": (_mlm_wrong(act=lambda t: t), "no activation"),
+    "no dense layer": (_mlm_wrong(dense_on=False), "skips its dense layer"),
+    "softmax over positions": (_mlm_wrong(dim=1), r"over the positions \(dim 1\)"),
+    "a float, not a tensor": (lambda *a: mlm_cross_entropy(*a).item(), "should be a tensor"),
+    "-100 used as an index": (lambda h, lab, e, d, n, b: -torch.log_softmax(
+        n(F.gelu(d(h))) @ e.T + b, -1).gather(-1, lab.unsqueeze(-1)).mean(),
+        r"(?s)raised .*-100 is not a token id"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_MLM))
+def test_mlm_loss_rejects_wrong_answers(name):
+    fn, message = WRONG_MLM[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_mlm_loss(fn)
+
+
+def test_mlm_loss_names_no_mistake_it_did_not_recognise():
+    def off_a_little(*args):
+        return mlm_cross_entropy(*args) * 1.01
+
+    with pytest.raises(CheckFailure, match="right shape but wrong values") as info:
+        check_mlm_loss(off_a_little)
+    assert "seen on the case" not in str(info.value)
 
 
 # ------------------------------------------------------------------------- 8.1 cross_attention
@@ -406,9 +505,15 @@ WRONG_POOL = {
     "normalised": (lambda h, k: F.normalize(pool_masked_sum(h, k), dim=-1), "length 1"),
     "0 / 0": (lambda h, k: _sum(h, k) / k.sum(1, keepdim=True), "0 / 0 is NaN"),
     "keepdim forgotten": (lambda h, k: _sum(h, k) / k.sum(1), "shape|raised"),
-    # the planted bug of the exercise: the sum runs over the pads, the count over real tokens
-    "planted: pads summed": (lambda h, k: h.sum(1) / k.sum(1, keepdim=True).clamp(min=1e-9),
-                             "still includes the pad vectors"),
+    "pads summed": (lambda h, k: h.sum(1) / k.sum(1, keepdim=True).clamp(min=1e-9),
+                    "still includes the pad vectors"),
+    # the planted bug of the exercise: the first n positions, right only for right padding
+    "planted: the first n positions": (lambda h, k: torch.stack([
+        h[i, :n].mean(0) if n else h.new_zeros(h.shape[-1])
+        for i, n in enumerate(k.sum(1).tolist())]), "FIRST n positions"),
+    "the last n positions": (lambda h, k: torch.stack([
+        h[i, h.shape[1] - n:].mean(0) if n else h.new_zeros(h.shape[-1])
+        for i, n in enumerate(k.sum(1).tolist())]), "LAST n positions"),
 }
 
 
@@ -421,16 +526,26 @@ def test_mean_pool_rejects_wrong_answers(name):
 
 def test_mean_pool_failures_name_the_instrument_that_finds_the_bug():
     with pytest.raises(CheckFailure, match="instrument that finds this bug.*padded batch"):
-        check_mean_pool(WRONG_POOL["planted: pads summed"][0])
+        check_mean_pool(WRONG_POOL["planted: the first n positions"][0])
 
 
-def test_the_planted_bug_of_exercise_8_4_really_changes_a_padded_sentence():
+def test_the_planted_bug_is_not_named_on_a_failure_that_is_not_it():
+    with pytest.raises(CheckFailure) as info:
+        check_mean_pool(WRONG_POOL["pads summed"][0])
+    assert "FIRST n" not in str(info.value)
+
+
+def test_the_planted_bug_of_exercise_8_4_really_changes_a_left_padded_sentence():
+    from course_lib.pretrained import mean_pool
+
     hidden = torch.randn(2, 5, 4)
     keep = torch.tensor([[True, True, False, False, False], [True] * 5])
-    buggy = WRONG_POOL["planted: pads summed"][0]
-    alone = buggy(hidden[:1, :2], keep[:1, :2])
-    assert not torch.allclose(buggy(hidden, keep)[:1], alone)
-    assert torch.allclose(pool_masked_sum(hidden, keep)[:1], alone)
+    buggy = WRONG_POOL["planted: the first n positions"][0]
+    alone = mean_pool(hidden[:1, :2], keep[:1, :2])
+    assert torch.allclose(buggy(hidden, keep)[:1], alone)  # right padding: no symptom
+    left_h, left_k = hidden.flip(1), keep.flip(1)
+    assert not torch.allclose(buggy(left_h, left_k)[:1], alone)
+    assert torch.allclose(pool_masked_sum(left_h, left_k)[:1], alone)
 
 
 # ------------------------------------------------------------ 8.5 what the masking rule does
@@ -446,10 +561,8 @@ def predict_rounded():  # 0.12 + 0.015, forgetting that a random draw may hit th
 
 
 def predict_other_types():
-    import fractions
-
-    return {"mask_share": np.float64(0.12), "changed_share": torch.tensor(0.1348),
-            "scored_share": fractions.Fraction(3, 20)}
+    return {"mask_share": np.float64(0.12), "changed_share": np.float32(0.1348),
+            "scored_share": 3 / 20}
 
 
 @pytest.mark.parametrize("fn", [predict_exact, predict_rounded, predict_other_types])
@@ -470,7 +583,9 @@ WRONG_MASKING = {
     "random replacements forgotten": (_with(changed_share=0.12), "random token change too"),
     "only [MASK] scored": (_with(scored_share=0.12), "counts every selected position"),
     "every position scored": (_with(scored_share=1.0), "-100"),
-    "a percentage": (_with(mask_share=12), "percentage"),
+    "a percentage": (_with(mask_share=12.0), "percentage"),
+    "an int": (_with(scored_share=1), r"float\(\.\.\.\) makes it a float"),
+    "a tensor": (_with(changed_share=torch.tensor(0.1348)), r"\.item\(\)"),
     "far off": (_with(scored_share=0.3), "Follow one position"),
     "not a number": (_with(scored_share="15%"), "should be a number"),
     "a key missing": (lambda: {"mask_share": 0.12, "changed_share": 0.135}, "lacks the key"),

@@ -475,13 +475,14 @@ WRONG_LONGEST = {
                 "rounded"),
     "strict <": (lambda b, bt, h, dt: _n(b - 1, bt * h * dt.itemsize), "fills the budget exactly"),
     "not rounded": (lambda b, bt, h, dt: math.sqrt(b / (bt * h * dt.itemsize)) + 0.5,
-                    "should return an int"),
+                    r"should be a whole number: return an int.*int\(\.\.\.\) makes it an int"),
     "a string": (lambda b, bt, h, dt: f"{longest_isqrt(b, bt, h, dt)} tokens",
-                 "should return an int"),
+                 "return an int, but your function returned a str"),
     "a whole float": (lambda b, bt, h, dt: float(longest_isqrt(b, bt, h, dt)),
-                      r"returned a float \(\d+\.0\).*return an int"),
+                      r"return an int, but your function returned a float \(\d+\.0: int"),
     "a tensor": (lambda b, bt, h, dt: torch.tensor(longest_isqrt(b, bt, h, dt)),
-                 r"returned a tensor of shape \(\).*return an int.*\.item\(\)"),
+                 r"return an int, but your function returned a tensor of shape \(\).*"
+                 r"\.item\(\)"),
     "a numpy float": (lambda b, bt, h, dt: np.floor(np.sqrt(b / (bt * h * dt.itemsize))),
                       "return an int"),
     "a bool": (lambda b, bt, h, dt: True, "return an int"),
@@ -547,21 +548,61 @@ def test_fixed_chunked_attention_accepts_correct_fixes(fn, capsys):
     assert "fixed_chunked_attention is correct" in capsys.readouterr().out
 
 
-def test_the_planted_bug_is_a_bug_only_between_blocks():
+def test_the_planted_bug_shows_only_when_the_scores_fall_far_between_blocks():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 10, 8, generator=gen) for _ in range(3))
     exact = F.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(buggy_chunked_attention(q, k, v, 10), exact)
-    assert not torch.allclose(buggy_chunked_attention(q, k, v, 3), exact, atol=1e-3)
+    for block_size in (10, 3, 1):  # ordinary scores: right with any blocks
+        torch.testing.assert_close(buggy_chunked_attention(q, k, v, block_size), exact)
+    falling = 60 * q.abs(), k.abs() * torch.linspace(1.0, -1.0, 10)[:, None], v
+    exact = F.scaled_dot_product_attention(*falling)
+    torch.testing.assert_close(buggy_chunked_attention(*falling, 10), exact)  # one block
+    assert torch.isnan(buggy_chunked_attention(*falling, 2)).any()
+    torch.testing.assert_close(fixed_loop(*falling, 2), exact)
+
+
+def zero_start_loop(q, k, v, block_size):
+    """fixed_loop with its running maximum started at 0: exact until exp underflows."""
+    row_max = torch.zeros((*q.shape[:-1], 1))
+    row_sum = torch.zeros((*q.shape[:-1], 1))
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]))
+    for k_block, v_block in zip(k.split(block_size, -2), v.split(block_size, -2), strict=True):
+        scores = q @ k_block.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        new_max = torch.maximum(row_max, scores.amax(-1, keepdim=True))
+        correction = torch.exp(row_max - new_max)
+        p = torch.exp(scores - new_max)
+        row_sum = row_sum * correction + p.sum(-1, keepdim=True)
+        out = out * correction + p @ v_block
+        row_max = new_max
+    return out / row_sum
+
+
+def test_a_running_maximum_started_at_0_fails_only_on_scores_below_minus_104():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 10, 8, generator=gen) for _ in range(3))
+    torch.testing.assert_close(zero_start_loop(q, k, v, 3), F.scaled_dot_product_attention(
+        q, k, v))  # ordinary scores hide it
+    low = q.abs() + 0.5, -(k.abs() + 0.5) * 200, v  # every score below -104
+    assert bool((low[0] @ low[1].transpose(-2, -1) / math.sqrt(8) < -104).all())
+    assert torch.isnan(zero_start_loop(*low, 3)).all()
+    torch.testing.assert_close(fixed_loop(*low, 3), F.scaled_dot_product_attention(*low),
+                               atol=1e-3, rtol=1e-3)  # scores in the thousands: float32 rounding
 
 
 WRONG_FIX = {
-    "unchanged": (buggy_chunked_attention, "still the given function's output"),
+    "unchanged": (buggy_chunked_attention, "planted bug is still there"),
+    "the planted bug, retyped": (lambda q, k, v, b: torch.stack([
+        buggy_chunked_attention(qi, ki, vi, b) for qi, ki, vi in zip(q, k, v, strict=True)])
+        if q.dim() > 2 else buggy_chunked_attention(q, k, v, b), "planted bug is still there"),
+    "running maximum started at 0": (zero_start_loop, "starts at 0 instead of -inf"),
+    "output rescaled, sum not": (lambda q, k, v, b: unmasked_loop(q, k, v, b, rescale_sum=False),
+                                 "rescales the running output but not the running sum"),
     "neither rescaled": (lambda q, k, v, b: unmasked_loop(q, k, v, b, rescale_sum=False,
                                                              rescale_out=False),
                          "neither the running sum nor the running output"),
-    "bug moved": (lambda q, k, v, b: unmasked_loop(q, k, v, b, rescale_out=False),
-                  "the bug has moved"),
+    "sum rescaled, output not": (lambda q, k, v, b: unmasked_loop(q, k, v, b,
+                                                                  rescale_out=False),
+                                 "rescales the running sum but not the running output"),
     "no division": (lambda q, k, v, b: unmasked_loop(q, k, v, b, divide=False),
                     "without the final division"),
     "off by a little": (lambda q, k, v, b: fixed_loop(q, k, v, b) * 1.01, "wrong values"),
@@ -585,5 +626,7 @@ def test_fixed_chunked_attention_rejects_wrong_fixes(name):
     fn, message = WRONG_FIX[name]
     with pytest.raises(CheckFailure, match=message) as failure:
         check_fixed_chunked_attention(fn)
-    if name not in ("whole score matrix", "fused attention"):
-        assert "equality with the reference" in str(failure.value)  # the instrument is named
+    planted = name in ("unchanged", "the planted bug, retyped")
+    # the planted bug and its instrument are named only when the output is the planted bug's
+    assert ("planted bug" in str(failure.value)) == planted
+    assert ("FALL from one block to the next" in str(failure.value)) == planted

@@ -34,7 +34,9 @@ from ._core import (
     call_learner,
     compare_tensors,
     describe,
+    prediction_dict,
     rand,
+    require_real,
     run_cases,
 )
 
@@ -183,6 +185,105 @@ def check_layer_norm(layer_norm_fn: Callable) -> None:
                         misconceptions=LAYER_NORM_MISTAKES)
 
     run_cases("layer_norm", layer_norm_fn, _layer_norm_cases(seed=71), check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7.1 (predict, then verify): what LayerNorm does to a few given inputs
+
+LN_PREDICTION_KEYS = ("pair", "spike", "shifted_spike", "sum_of_squares")
+LN_TOLERANCE = 0.02  # predictions are graded to two decimals
+
+
+def _ln_inputs() -> dict[str, torch.Tensor]:
+    """The inputs of exercise 7.1, one row each (gain 1, bias 0, eps 1e-5)."""
+    return {
+        "pair": torch.tensor([3.0, 7.0]),
+        "spike": torch.tensor([0.0, 0.0, 0.0, 4.0]),
+        "shifted_spike": torch.tensor([5.0, 5.0, 5.0, 9.0]),
+        "sum_of_squares": torch.linspace(-2.0, 5.0, 8) ** 2,  # any row that is not constant
+    }
+
+
+def _ln_measure() -> dict[str, float]:
+    """What nn.LayerNorm (gain 1, bias 0) gives for each question of exercise 7.1."""
+    out = {}
+    with torch.no_grad():
+        for key, x in _ln_inputs().items():
+            y = nn.LayerNorm(x.shape[-1])(x)  # (D,)
+            out[key] = float((y ** 2).sum()) if key == "sum_of_squares" else float(y[
+                0 if key == "pair" else -1])
+    return out
+
+
+def _ln_unbiased() -> dict[str, float]:
+    """The same numbers with the variance divided by D - 1 (torch.var's default)."""
+    out = {}
+    for key, x in _ln_inputs().items():
+        y = _centred(x) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5)  # (D,)
+        out[key] = float((y ** 2).sum()) if key == "sum_of_squares" else float(y[
+            0 if key == "pair" else -1])
+    return out
+
+
+def _ln_blame(key: str, value: float, got: dict[str, float]) -> str | None:
+    """What a wrong prediction for ``key`` most likely comes from, or None when unrecognised."""
+    near = functools.partial(math.isclose, value, abs_tol=LN_TOLERANCE)
+    x = _ln_inputs()[key]
+    d = x.shape[-1]
+    if near(_ln_unbiased()[key]):
+        return (f"{value:.3g} is what you get dividing the sum of squares by D - 1 = {d - 1}. "
+                "Eq. 27 (and nn.LayerNorm) divide by D: the variance is the plain mean of the "
+                "squared deviations")
+    if key == "sum_of_squares":
+        if near(1.0):
+            return ("after LayerNorm the features of a position have mean 0 and variance 1: "
+                    "the MEAN of their squares is 1. What is their sum over 8 features?")
+        return None
+    entry = 0 if key == "pair" else -1
+    rms = float(x[entry] / torch.sqrt((x ** 2).mean()))
+    if near(rms):
+        return (f"{value:.3g} is x divided by its root mean square, RMSNorm: LayerNorm first "
+                "subtracts the mean of the features")
+    if near(-_ln_measure()[key]):
+        return ("the sign is wrong: is this feature above or below the mean of its row?")
+    var = float(((x - x.mean()) ** 2).mean())
+    if var > 0 and near(float(x[entry] - x.mean()) / var):
+        return ("you divided by the variance: LayerNorm divides by the standard deviation, "
+                "its square root")
+    if key == "shifted_spike" and math.isclose(got["spike"], _ln_measure()["spike"],
+                                                abs_tol=LN_TOLERANCE):
+        return ("this row is the 'spike' row plus 5 in every feature. What does adding the "
+                "same number to every feature do to the mean, and to the deviations from it?")
+    return None
+
+
+def check_layer_norm_prediction(predict_layer_norm: Callable) -> None:
+    """Grade the predictions of exercise 7.1, then print what nn.LayerNorm measures.
+
+    Args:
+        predict_layer_norm: takes no argument and returns a dict with the keys ``pair``,
+            ``spike``, ``shifted_spike`` and ``sum_of_squares``, each a float.
+    """
+    got = prediction_dict(call_learner(predict_layer_norm, Case("your predictions")),
+                          LN_PREDICTION_KEYS, "predict_layer_norm")
+    values = {k: require_real(got[k], f"your prediction '{k}'") for k in LN_PREDICTION_KEYS}
+    measured = _ln_measure()
+    for key in LN_PREDICTION_KEYS:
+        if math.isclose(values[key], measured[key], abs_tol=LN_TOLERANCE):
+            continue
+        blame = _ln_blame(key, values[key], values)
+        raise CheckFailure(f"'{key}': your prediction {values[key]:.3g} is not what LayerNorm "
+                           "gives" + (f": {blame}" if blame else
+                                      f" (graded to within {LN_TOLERANCE}). Work it out with "
+                                      "eq. 27: the mean of the row, then the mean of the "
+                                      "squared deviations from it"))
+    print(f"\u2705 your {len(LN_PREDICTION_KEYS)} predictions are right. nn.LayerNorm "
+          "(gain 1, bias 0, eps 1e-5) measures:")
+    for key, x in _ln_inputs().items():
+        what = ("sum of the squared outputs" if key == "sum_of_squares" else
+                "first output" if key == "pair" else "last output")
+        row = ", ".join(f"{v:g}" for v in x.tolist())
+        print(f"  {key:>14}: LN([{row}]) -> {what} {measured[key]:.4f}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -994,20 +1095,63 @@ def _compare_block(block_cls: Callable, case: Case, ref: EncoderBlock, heads: in
 # Exercise 7.6 (experiment): the 1/sqrt(2N) initialisation and the residual stream
 
 SWEEP = (2, 6, 12, 24, 48)
+SCALED_BAND = 0.12  # the scaled stream of random weights varies by about 5% from seed to seed
+UNSCALED_BAND = 0.2  # the unscaled one by up to about 12%
+
+
+def _repeats(n_blocks: int) -> int:
+    """Runs averaged at each depth: a shallow stack has few random matrices, so its stream's
+    size varies more from seed to seed; averaging several runs steadies it."""
+    return max(1, 12 // n_blocks)
+
+
+def reference_stream_std(x: torch.Tensor, n_blocks: int, scaled: bool, *,
+                         n_built: int | None = None,
+                         divisor: Callable[[int], float] | None = None) -> float:
+    """The experiment of exercise 7.6 done by the book: ``n_blocks`` pre-norm EncoderBlocks
+    (4 heads) initialised as GPT-2 does, the two projections into the stream at std
+    0.02 / sqrt(2N) when ``scaled``; returns the std of the stream after the last block.
+    ``n_built`` and ``divisor`` build the plausible wrong versions (another number of blocks,
+    another divisor) that the check compares a failing answer with."""
+    divisor = divisor or (lambda n: math.sqrt(2 * n))
+    blocks = [EncoderBlock(x.shape[-1], 4) for _ in range(n_blocks if n_built is None
+                                                        else n_built)]
+    for block in blocks:
+        for module in (block.self_attn, block.ff):
+            for linear in [m for m in module.modules() if isinstance(m, nn.Linear)]:
+                nn.init.normal_(linear.weight, std=0.02)
+                nn.init.zeros_(linear.bias)
+        if scaled:
+            for linear in (block.self_attn.out_proj, block.ff.fc2):
+                nn.init.normal_(linear.weight, std=0.02 / divisor(n_blocks))
+    h = x
+    with torch.no_grad():
+        for block in blocks:
+            h = block(h)[0]  # (B, T, D)
+    return float(h.std())
 
 
 def _measure(stream_std_after: Callable, x: torch.Tensor, n_blocks: int, scaled: bool) -> float:
     case = Case(f"n_blocks={n_blocks}, scaled={scaled}", (x, n_blocks, scaled))
-    got = call_learner(stream_std_after, case)
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        got = got.item()
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
-        raise CheckFailure(f"stream_std_after should return one number (a float), but returned "
-                           f"{describe(got)} (case '{case.name}')")
+    got = require_real(call_learner(stream_std_after, case), "stream_std_after's result", case)
     if not math.isfinite(got) or got <= 0:
         raise CheckFailure(f"stream_std_after returned {got} (case '{case.name}'): a standard "
                            "deviation is a positive, finite number")
-    return float(got)
+    return got
+
+
+def _sweep(fn: Callable[[torch.Tensor, int, bool], float], x: torch.Tensor,
+           scaled: bool) -> list[float]:
+    """fn's stream std at every depth of SWEEP, averaged over _repeats(N) seeded runs."""
+    means = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        for n in SWEEP:
+            runs = []
+            for i in range(_repeats(n)):
+                torch.manual_seed(1000 * n + 10 * i + int(scaled))
+                runs.append(fn(x, n, scaled))
+            means.append(sum(runs) / len(runs))
+    return means
 
 
 def _judge_sweep(unscaled: list[float], scaled: list[float], x_std: float) -> None:
@@ -1017,6 +1161,11 @@ def _judge_sweep(unscaled: list[float], scaled: list[float], x_std: float) -> No
                            "block's output h, with no final LayerNorm")
     growth, spread = unscaled[-1] / unscaled[0], max(scaled) / min(scaled)
     shrink = scaled[0] / scaled[-1]
+    if growth < 2 and scaled[-1] / scaled[0] >= 2:
+        raise CheckFailure(f"Your two settings look swapped: with scaled=False your stream "
+                           f"stays flat (x{growth:.2f} from {SWEEP[0]} to {SWEEP[-1]} blocks), "
+                           f"with scaled=True it grows (x{scaled[-1] / scaled[0]:.2f}). The "
+                           "0.02 / sqrt(2N) initialisation belongs to scaled=True")
     if growth < 2:
         raise CheckFailure(f"Without the scaling your stream grows only x{growth:.2f} from "
                            f"{SWEEP[0]} to {SWEEP[-1]} blocks; it should grow several times. Start "
@@ -1040,26 +1189,81 @@ def _judge_sweep(unscaled: list[float], scaled: list[float], x_std: float) -> No
                            "Is the input passed through every block, h = block(h)[0]?")
 
 
+# Plausible wrong experiments that keep the right trends but not the right sizes, and what to
+# tell a learner whose measurements match one of them (and not the book's).
+_BAND_MISTAKES = {
+    "one block too few": (dict(n_built_offset=-1),
+                          "your stack has one block fewer than n_blocks (an off-by-one in "
+                          "the loop that builds or runs the blocks?)"),
+    "divisor sqrt(N)": (dict(divisor=math.sqrt),
+                        "your scaled projections start at 0.02 / sqrt(N): GPT-2 divides by "
+                        "sqrt(2N), since each of the N blocks adds TWO outputs (attention and "
+                        "feed-forward) to the stream"),
+}
+
+
+def _within(values: list[float], reference: list[float], band: float) -> bool:
+    return all(abs(v / r - 1) <= band for v, r in zip(values, reference, strict=True))
+
+
+def _judge_sizes(unscaled: list[float], scaled: list[float], x: torch.Tensor) -> None:
+    """Each depth's (averaged) std within a band of the book's own run of the experiment."""
+    ref_u = _sweep(reference_stream_std, x, False)
+    ref_s = _sweep(reference_stream_std, x, True)
+    if _within(unscaled, ref_u, UNSCALED_BAND) and _within(scaled, ref_s, SCALED_BAND):
+        return
+    for (options, message) in _BAND_MISTAKES.values():
+        offset = options.get("n_built_offset", 0)
+
+        def wrong(x: torch.Tensor, n: int, s: bool, offset: int = offset,
+                  options: dict = options) -> float:
+            return reference_stream_std(x, n, s, n_built=n + offset,
+                                        divisor=options.get("divisor"))
+
+        wrong_u = _sweep(wrong, x, False) if offset else ref_u
+        wrong_s = _sweep(wrong, x, True)
+        if _within(unscaled, wrong_u, UNSCALED_BAND / 2) and _within(scaled, wrong_s,
+                                                                     SCALED_BAND / 2):
+            raise CheckFailure(f"Your measurements match an experiment in which {message}")
+    for setting, got, ref, band in (("scaled=False", unscaled, ref_u, UNSCALED_BAND),
+                                    ("scaled=True", scaled, ref_s, SCALED_BAND)):
+        for n, g, r in zip(SWEEP, got, ref, strict=True):
+            if abs(g / r - 1) > band:
+                raise CheckFailure(
+                    f"With {setting} and N = {n} blocks your stream's std is {g:.4f}; the "
+                    f"same experiment run by the check gives {r:.4f}, more than the "
+                    f"{band:.0%} that other random weights explain. Compare your "
+                    "initialisation, the number of blocks and what you measure with the "
+                    "exercise's description")
+
+
 def check_scaled_init(stream_std_after: Callable) -> None:
     """Check the experiment ``stream_std_after(x, n_blocks, scaled)`` -> float: the standard
     deviation of the residual stream after ``n_blocks`` pre-norm EncoderBlocks initialised
-    GPT-2-style, with or without the 1/sqrt(2N) scaling. The check runs the sweep itself and
-    grades properties of the result (the unscaled stream grows with depth, the scaled one
-    stays flat), not exact numbers; then it prints the measurements.
+    GPT-2-style, with or without the 1/sqrt(2N) scaling. The check runs the sweep itself
+    (averaging a few seeded runs of the shallow stacks) and grades the trends (the unscaled
+    stream grows with depth, the scaled one stays flat), then each depth's size against the
+    check's own run of the experiment, within the band that random weights explain. Only
+    when all of that holds does it print the measurements.
 
     Args:
         stream_std_after: the learner's function.
     """
     x = 0.02 * torch.randn(8, 16, 64, generator=torch.Generator().manual_seed(77))  # (B, T, D)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(77)
-        unscaled = [_measure(stream_std_after, x, n, False) for n in SWEEP]
-        scaled = [_measure(stream_std_after, x, n, True) for n in SWEEP]
+
+    def learner(x: torch.Tensor, n: int, s: bool) -> float:
+        return _measure(stream_std_after, x, n, s)
+
+    unscaled = _sweep(learner, x, False)
+    scaled = _sweep(learner, x, True)
     _judge_sweep(unscaled, scaled, float(x.std()))
+    _judge_sizes(unscaled, scaled, x)
     print(f"\u2705 the unscaled stream grows x{unscaled[-1] / unscaled[0]:.1f} from {SWEEP[0]} "
           f"to {SWEEP[-1]} blocks; with 1/sqrt(2N) it stays within "
           f"x{max(scaled) / min(scaled):.2f}")
-    print(f"input std {float(x.std()):.3f}")
+    print(f"input std {float(x.std()):.3f}; each number is a mean over "
+          + ", ".join(f"{_repeats(n)} run{'s' * (_repeats(n) > 1)} at N = {n}"
+                      for n in SWEEP if _repeats(n) > 1) + ", one run deeper")
     print(f"{'blocks N':>8} {'std 0.02':>9} {'0.02 / sqrt(2N)':>16}")
     for n, u, s in zip(SWEEP, unscaled, scaled, strict=True):
         print(f"{n:>8} {u:9.3f} {s:16.3f}")
@@ -1120,13 +1324,7 @@ def _lr_value(lr_at: Callable, step: int, peak: float, warmup: int) -> float:
             "by)" if warmup == 0 else "")
     case = Case(f"step={step}, peak={peak}, warmup_steps={warmup}", (step, peak, warmup),
                 hint=hint)
-    got = call_learner(lr_at, case)
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        got = got.item()
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
-        raise CheckFailure(f"lr_at should return one number (a float), but returned "
-                           f"{describe(got)} (case '{case.name}')")
-    return float(got)
+    return require_real(call_learner(lr_at, case), "lr_at's learning rate", case)
 
 
 def _close_lr(a: float, b: float) -> bool:

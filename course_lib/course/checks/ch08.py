@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,9 +19,9 @@ import torch.nn.functional as F
 
 from course_lib.attention import MultiHeadAttention, causal_mask, padding_mask
 from course_lib.blocks import EncoderBlock
-from course_lib.configs import DecoderConfig
+from course_lib.configs import DecoderConfig, EncoderConfig
 from course_lib.course.bert_app import default_model_dir, load_pretrained_encoder
-from course_lib.models import DecoderLM, count_parameters
+from course_lib.models import DecoderLM, MaskedLM, count_parameters, lm_loss
 from course_lib.pretrained import mean_pool
 from course_lib.tasks import mask_tokens
 
@@ -35,6 +34,7 @@ from ._core import (
     prediction_dict,
     rand,
     require_count,
+    require_real,
     run_cases,
 )
 
@@ -214,6 +214,163 @@ def check_cross_attention(cross_attention: Callable) -> None:
         _cross_case(gen, "one head, B=1, T=2, S=7, D=6", 1, 2, 7, 6, 1),
     ]
     run_cases("cross_attention", cross_attention, cases, check_one)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 8.1: mlm_loss(hidden, labels, embedding, dense, norm, bias), BERT's masked-language-
+# model head with its output layer tied to the token embedding, scored where labels != -100
+
+
+def _mlm_variant(hidden, labels, embedding, dense, norm, bias, *, act="gelu", order="act_norm",
+                 use_dense=True, use_norm=True, use_bias=True, reduce="scored",
+                 labels_as="skip", softmax_dim=-1) -> torch.Tensor:
+    """The head and its loss with one thing changed (the defaults give the right answer)."""
+    h = dense(hidden) if use_dense else hidden  # (B, T, D)
+    activation = {"gelu": F.gelu, "tanh": lambda t: F.gelu(t, approximate="tanh"),
+                  "relu": F.relu, "none": lambda t: t}[act]
+    if order == "act_norm":
+        h = norm(activation(h)) if use_norm else activation(h)
+    else:  # the LayerNorm before the activation
+        h = activation(norm(h))
+    logits = F.linear(h, embedding, bias if use_bias else None)  # (B, T, V): h E^T + b
+    logp = torch.log_softmax(logits, dim=softmax_dim)  # (B, T, V)
+    scored = labels != -100  # (B, T)
+    targets = labels.clamp(min=0) if labels_as == "class 0" else labels.masked_fill(~scored, 0)
+    nll = -logp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (B, T)
+    if labels_as == "skip":
+        nll = nll * scored
+    return {"scored": nll.sum() / scored.sum(), "all": nll.sum() / labels.numel(),
+            "sum": nll.sum()}[reduce]
+
+
+def _mlm(**changes) -> Callable[..., Any]:
+    return _quietly(lambda *args: _mlm_variant(*args, **changes))
+
+
+MLM_MISTAKES = [
+    Misconception(
+        _mlm(reduce="all"),
+        "You averaged over every position, the -100 ones counted as 0: the loss is the mean "
+        "over the SCORED positions only, so divide by how many labels are not -100",
+    ),
+    Misconception(
+        _mlm(labels_as="class 0", reduce="all"),
+        "Your loss scores the -100 positions as if their label were token 0 (a clamp, or a "
+        "replaced label): those positions must be left out of the loss altogether",
+    ),
+    Misconception(
+        _mlm(labels_as="class 0", reduce="scored"),
+        "Your loss adds the -100 positions as if their label were token 0 (a clamp, or a "
+        "replaced label): those positions must be left out of the loss altogether",
+    ),
+    Misconception(
+        _mlm(reduce="sum"),
+        "Your loss is the SUM over the scored positions: take their mean, so that the loss "
+        "does not depend on how many positions were selected",
+    ),
+    Misconception(
+        _mlm(use_bias=False),
+        "Your scores lack the per-token bias: the output layer is h @ embedding.T + bias",
+    ),
+    Misconception(
+        _mlm(use_norm=False),
+        "Your head skips its LayerNorm: dense, then GELU, then the LayerNorm, then the "
+        "product with the embedding matrix",
+    ),
+    Misconception(
+        _mlm(order="norm_act"),
+        "Your head applies the LayerNorm before the GELU: BERT's head is dense, GELU, then "
+        "LayerNorm",
+    ),
+    Misconception(
+        _mlm(act="tanh"),
+        "Your GELU is the tanh approximation: BERT's is the exact (erf) GELU, F.gelu's default",
+    ),
+    Misconception(
+        _mlm(act="relu"),
+        "Your head uses ReLU: BERT's head uses the (exact) GELU",
+    ),
+    Misconception(
+        _mlm(act="none"),
+        "Your head has no activation between the dense layer and the LayerNorm: BERT's "
+        "applies the GELU there",
+    ),
+    Misconception(
+        _mlm(use_dense=False),
+        "Your head skips its dense layer: the final vectors go through dense, GELU and "
+        "LayerNorm before they are scored against the embeddings",
+    ),
+    Misconception(
+        _mlm(softmax_dim=1),
+        "Your softmax runs over the positions (dim 1): each position's scores are normalised "
+        "over the vocabulary, the last dimension",
+    ),
+]
+
+MLM_HINT = ("labels hold -100 at the positions the loss skips: -100 is not a token id, so "
+            "leave those positions out before you pick each position's log-probability (or let "
+            "F.cross_entropy's ignore_index skip them)")
+
+
+def _mlm_case(gen: torch.Generator, name: str, batch: int, length: int, d: int, vocab: int,
+              scored: torch.Tensor, *, pad_scale: float = 1.0) -> tuple[Case, MaskedLM]:
+    """A small MaskedLM with its head's parameters randomised, and its pieces as arguments."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(0, 10_000, (1,), generator=gen)))
+        mlm = MaskedLM(EncoderConfig(vocab_size=vocab, d_model=d, n_heads=1, n_layers=1))
+    with torch.no_grad():
+        for p in (mlm.head_norm.weight, mlm.head_norm.bias, mlm.lm_head.bias):
+            p.copy_(rand(gen, *p.shape, scale=0.5) + (1.0 if p is mlm.head_norm.weight else 0.0))
+        mlm.encoder.embeddings.token.weight.copy_(rand(gen, vocab, d))
+        mlm.head_dense.weight.copy_(rand(gen, d, d, scale=3.0 / math.sqrt(d)))  # GELU's curve
+    hidden = rand(gen, batch, length, d)
+    hidden = torch.where(scored[..., None], hidden, hidden * pad_scale)  # (B, T, D)
+    labels = torch.randint(0, vocab, (batch, length), generator=gen).masked_fill(~scored, -100)
+    args = (hidden, labels, mlm.encoder.embeddings.token.weight.detach(), mlm.head_dense,
+            mlm.head_norm, mlm.lm_head.bias.detach())
+    return Case(name, args, hint=MLM_HINT), mlm
+
+
+def _mlm_cases() -> list[tuple[Case, MaskedLM]]:
+    gen = torch.Generator().manual_seed(81)
+    some = torch.rand(2, 5, generator=gen) < 0.5
+    some[0, 0], some[1, 4] = True, False  # at least one scored and one skipped position
+    one = torch.zeros(3, 4, dtype=torch.bool)
+    one[1, 2] = True
+    return [
+        _mlm_case(gen, f"B=2, T=5, D=8, V=11, {int(some.sum())} of 10 positions scored",
+                  2, 5, 8, 11, some),
+        _mlm_case(gen, "one scored position of 12, D=6, V=9", 3, 4, 6, 9, one),
+        _mlm_case(gen, "every position scored, B=1, T=4, D=8, V=13", 1, 4, 8, 13,
+                  torch.ones(1, 4, dtype=torch.bool)),
+        _mlm_case(gen, "large vectors at the skipped positions, D=8, V=10", 2, 6, 8, 10,
+                  torch.tensor([[1, 0, 1, 0, 0, 1], [0, 0, 1, 1, 0, 0]], dtype=torch.bool),
+                  pad_scale=30.0),
+        _mlm_case(gen, "fewer tokens than features, V=5, D=16", 2, 3, 16, 5,
+                  torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool)),
+    ]
+
+
+def reference_mlm_loss(mlm: MaskedLM, hidden: torch.Tensor, labels: torch.Tensor
+                       ) -> torch.Tensor:
+    """course_lib's MaskedLM head on final vectors ``hidden`` (B, T, D), and its loss."""
+    h = mlm.head_norm(mlm.head_activation(mlm.head_dense(hidden)))  # (B, T, D)
+    return lm_loss(mlm.lm_head(h), labels)  # mean over the labels that are not -100
+
+
+def check_mlm_loss(mlm_loss: Callable) -> None:
+    """Check ``mlm_loss(hidden, labels, embedding, dense, norm, bias)`` -> a 0-d tensor: BERT's
+    masked-language-model head (dense, exact GELU, LayerNorm, then scores against the token
+    embedding matrix plus a bias) and the mean cross-entropy over the positions whose label is
+    not -100, against course_lib's MaskedLM."""
+    for case, mlm in _mlm_cases():
+        got = call_learner(mlm_loss, case)
+        with torch.no_grad():
+            expected = reference_mlm_loss(mlm, *case.args[:2])
+        compare_tensors(got.detach() if isinstance(got, torch.Tensor) else got, expected, case,
+                        what="Your loss", misconceptions=MLM_MISTAKES, atol=ATOL, rtol=RTOL)
+    print("\u2705 mlm_loss equals course_lib's MaskedLM head and loss on all 5 test cases "
+          "(some positions scored; one; all; large vectors where the label is -100; V < D)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -571,12 +728,37 @@ def _masked(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 POOL_INSTRUMENT = (
-    "The instrument that finds this bug: compare with a reference on padded batches (here "
-    "course_lib's mean_pool), or embed one sentence alone and inside a padded batch: the two "
-    "vectors must be equal"
+    "The instrument that finds this bug: compare with a reference on padded batches, padded "
+    "on the right AND on the left (here course_lib's mean_pool), or embed one sentence alone "
+    "and inside a padded batch: the two vectors must be equal"
 )
 
+def _first_n(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The mean of each sequence's first n positions, n its number of real tokens: right only
+    when the padding is on the right."""
+    lengths = keep.sum(dim=1)  # (B,)
+    first = torch.arange(keep.shape[1]) < lengths[:, None]  # (B, T): the first n positions
+    return mean_pool(hidden, first)  # (B, D)
+
+
+def _last_n(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The same mistake the other way round: the last n positions."""
+    return _first_n(hidden.flip(1), keep.flip(1))
+
+
 POOL_MISTAKES = [
+    Misconception(
+        _first_n,
+        "You averaged the FIRST n positions of each sequence (n = its number of real tokens): "
+        "that is right only when the padding is on the right. In a left-padded batch the "
+        "first positions are pads. Let the mask itself say which positions are real",
+    ),
+    Misconception(
+        _last_n,
+        "You averaged the LAST n positions of each sequence (n = its number of real tokens): "
+        "that is right only when the padding is on the left. Let the mask itself say which "
+        "positions are real",
+    ),
     Misconception(
         lambda hidden, keep: hidden.sum(dim=1) / keep.sum(dim=1, keepdim=True).clamp(min=1),
         "Your sum still includes the pad vectors (you divide by the number of real tokens, but "
@@ -628,7 +810,8 @@ POOL_MISTAKES = [
 
 def check_mean_pool(mean_pool_fn: Callable) -> None:
     """Check ``mean_pool(hidden, attention_mask)`` -> (B, D): each sequence's mean over its real
-    tokens, a sequence without real tokens giving zeros; against course_lib.pretrained."""
+    tokens, wherever the mask puts them (batches padded on the right and on the left), a
+    sequence without real tokens giving zeros; against course_lib.pretrained."""
 
     def check_one(got, case: Case) -> None:
         hidden, keep = case.args
@@ -660,6 +843,11 @@ def check_mean_pool(mean_pool_fn: Callable) -> None:
         Case("T=1, B=4", (rand(gen, 4, 1, 8), padding_mask([1, 1, 1, 1]))),
         Case("a sequence with no real tokens (lengths 3, 0)",
              (rand(gen, 2, 3, 4), padding_mask([3, 0]))),
+        Case("padded on the LEFT, lengths 2, 5, 3",
+             (rand(gen, 3, 5, 4), padding_mask([2, 5, 3]).flip(1))),
+        Case("padded on the left, large pad vectors",
+             (torch.cat([rand(gen, 2, 4, 5, scale=100.0), rand(gen, 2, 3, 5)], dim=1),
+              padding_mask([3, 2], 7).flip(1))),
     ]
     run_cases("mean_pool", mean_pool_fn, cases, check_one)
 
@@ -683,12 +871,7 @@ def measured_masking(n_rows: int = 1000, n_cols: int = 200) -> dict[str, float]:
 
 
 def _as_share(key: str, value: object) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise CheckFailure(f"{key} should be a number between 0 and 1 (a share, e.g. 0.25), got "
-                           f"{value!r}")
-    value = float(value)
+    value = require_real(value, f"{key} (a share between 0 and 1, e.g. 0.25)")
     if not 0.0 <= value <= 1.0:
         hint = " (a percentage? write 25% as 0.25)" if 1.0 < value <= 100.0 else ""
         raise CheckFailure(f"{key} should be a share between 0 and 1, got {value}{hint}")

@@ -10,7 +10,6 @@ The references are :mod:`course_lib.efficient` (:func:`~course_lib.efficient.onl
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +26,8 @@ from course_lib.efficient import (
 )
 
 from ._core import (
+    ATOL,
+    RTOL,
     Case,
     CheckFailure,
     Misconception,
@@ -34,6 +35,7 @@ from ._core import (
     compare_tensors,
     describe,
     rand,
+    require_count,
     run_cases,
 )
 
@@ -579,20 +581,6 @@ LONGEST_MISTAKES = [
 ]
 
 
-def _whole_number(got: Any, case: Case) -> int:
-    """One rule for counts: Python and numpy integers pass; floats, tensors, bools do not."""
-    if isinstance(got, numbers.Integral) and not isinstance(got, bool):
-        return int(got)
-    shown = f"{describe(got)} ({got!r})" if isinstance(got, float) else describe(got)
-    fix = {float: " (int(...) rounds towards zero; math.isqrt works on ints)",
-           torch.Tensor: " (a tensor's .item() gives a Python number)"}
-    extra = next((text for kind, text in fix.items() if isinstance(got, kind)), "")
-    raise CheckFailure(
-        f"longest_sequence should return an int (a whole number of tokens), but returned "
-        f"{shown} (case '{case.name}'): return an int, a Python or numpy integer{extra}"
-    )
-
-
 def check_longest_sequence(longest_sequence_fn: Callable) -> None:
     """Check ``longest_sequence(budget_bytes, batch, heads, dtype)`` -> int (a Python or numpy
     integer): the largest n such that one (batch, heads, n, n) score tensor of ``dtype`` takes
@@ -607,7 +595,7 @@ def check_longest_sequence(longest_sequence_fn: Callable) -> None:
         expected = _longest(budget, batch, heads, dtype)
         assert (score_matrix_bytes(batch, heads, expected, dtype=dtype) <= budget
                 < score_matrix_bytes(batch, heads, expected + 1, dtype=dtype))
-        got = _whole_number(got, case)
+        got = require_count(got, "longest_sequence's result", case)
         if got == expected:
             return
         for wrong, message in LONGEST_MISTAKES:
@@ -639,40 +627,79 @@ def check_longest_sequence(longest_sequence_fn: Callable) -> None:
 # Exercise 10.5: find the bug in a chunked attention
 
 
+def _running_max_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int,
+                         *, start: float = -math.inf, running: bool = True) -> torch.Tensor:
+    """Key-blocked attention in the inputs' own dtype (float32: where exp overflows and
+    underflows), with the maximum started at ``start`` and, when ``running`` is False, taken
+    over each block alone instead of over every score seen so far."""
+    m = torch.full((*q.shape[:-1], 1), start, dtype=q.dtype)  # (..., n, 1)
+    s = torch.zeros_like(m)  # (..., n, 1)
+    acc = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)  # (..., n, d_v)
+    for k_b, v_b in zip(k.split(block_size, dim=-2), v.split(block_size, dim=-2), strict=True):
+        scores = q @ k_b.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., n, b)
+        block_max = scores.amax(-1, keepdim=True)  # (..., n, 1)
+        new_m = torch.maximum(m, block_max) if running else block_max
+        factor = torch.exp(m - new_m)  # (..., n, 1)
+        p = torch.exp(scores - new_m)  # (..., n, b)
+        s = s * factor + p.sum(-1, keepdim=True)
+        acc = acc * factor + p @ v_b
+        m = new_m
+    return acc / s  # (..., n, d_v)
+
+
 def buggy_chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             block_size: int) -> torch.Tensor:
-    """The exercise's function, planted bug included: the running sum is never rescaled."""
-    return _chunked_wrong(q, k, v, block_size, rescale_sum=False).to(q.dtype)
+    """The exercise's function, planted bug included: the maximum is each block's own, not the
+    running one, so a block whose scores fall far below the previous block's overflows
+    exp(m - m') to inf (NaN in the output) in float32."""
+    return _running_max_variant(q, k, v, block_size, running=False)
 
 
-INSTRUMENT = (
-    "The instrument that finds this: equality with the reference (course_lib's "
-    "chunked_attention, or F.scaled_dot_product_attention) on several inputs, some with "
-    "several blocks whose maximum grows; with one block holding every key the buggy "
-    "version is right too, which tells you the bug lives in what happens between blocks"
+PLANTED = (
+    "Your output is the given function's output on this case: the planted bug is still "
+    "there. The instrument that finds it: equality with exact attention (course_lib's "
+    "chunked_attention, or F.scaled_dot_product_attention) on inputs whose scores are large "
+    "and FALL from one block to the next; ordinary scores, or a maximum that only grows, hide it"
 )
 
-FIX_MISTAKES = [
+# Plausible wrong fixes computed in the inputs' dtype, where NaN patterns matter.
+NAN_MISTAKES = [
     Misconception(
-        buggy_chunked_attention,
-        "Your output is still the given function's output: the planted bug is still there",
+        lambda q, k, v, block_size: _running_max_variant(q, k, v, block_size, start=0.0),
+        "Your output matches a loop whose running maximum starts at 0 instead of -inf: on a "
+        "row whose scores are all below about -104, exp(score - 0) underflows to 0 in float32 "
+        "and the row ends as 0 / 0. A row that has seen no score yet has maximum -inf",
     ),
+]
+
+FIX_MISTAKES = [
     Misconception(
         lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, rescale_sum=False,
                                                    rescale_out=False),
         "Your output matches a loop in which neither the running sum nor the running output is "
-        "rescaled when the maximum grows: both were accumulated against the old maximum",
+        "rescaled when the maximum changes: both were accumulated against the old maximum",
     ),
     Misconception(
         lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, rescale_out=False),
         "Your output matches a loop that rescales the running sum but not the running output: "
-        "the bug has moved rather than gone",
+        "both were accumulated against the old maximum",
+    ),
+    Misconception(
+        lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, rescale_sum=False),
+        "Your output matches a loop that rescales the running output but not the running sum: "
+        "both were accumulated against the old maximum",
     ),
     Misconception(
         lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, divide=False),
         "Your output is the running output without the final division by the running sum",
     ),
 ]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal within the checks' tolerance, NaN where the other has NaN."""
+    return a.shape == b.shape and bool(torch.allclose(
+        a.double().cpu(), b.double().cpu(), atol=ATOL, rtol=RTOL, equal_nan=True))
 
 
 def _fix_cases(seed: int) -> list[Case]:
@@ -685,6 +712,13 @@ def _fix_cases(seed: int) -> list[Case]:
                 rand(gen, *lead, n, dv or d))
 
     q, k, v = qkv(12, 8)
+    # every score positive and large at first, negative and large at the end: the maximum
+    # falls by far more than 88 (where exp overflows in float32) from one block to the next
+    falling = torch.linspace(40.0, -40.0, 12)[:, None]  # (n, 1)
+    q2, k2, v2 = qkv(2, 12, 8)
+    # every score below -104 (q . k >= 8 * 0.25 = 2, / sqrt(8), times at least 150), rising
+    low = -torch.linspace(400.0, 150.0, 10)[:, None]  # (n, 1)
+    q3, k3, v3 = qkv(10, 8)
     return [
         Case("n=12, blocks of 4, a maximum that grows from block to block",
              (q.abs(), k.abs() * rising, v, 4)),
@@ -693,13 +727,18 @@ def _fix_cases(seed: int) -> list[Case]:
         Case("blocks of one key", (*qkv(6, 4), 1)),
         Case("block_size 8 > n = 6: one block holds every key", (*qkv(6, 4), 8)),
         Case("large scores (exp overflows without the max)", (*qkv(12, 8, scale=8.0), 4)),
+        Case("large scores that fall by more than 88 from one block to the next",
+             (q2.abs(), k2.abs() * falling, v2, 4)),
+        Case("every score below -104 (exp(score) underflows to 0 in float32), blocks of 3",
+             (q3.abs() + 0.5, (k3.abs() + 0.5) * low, v3, 3)),
     ]
 
 
 def check_fixed_chunked_attention(fixed_chunked_attention_fn: Callable) -> None:
     """Check ``fixed_chunked_attention(q, k, v, block_size)`` -> out (..., n, Dv): the given
     key-blocked attention with its one bug fixed, equal to exact (non-causal) attention, still
-    one block of keys at a time.
+    one block of keys at a time. The planted bug is named only when the output is the given
+    function's output; other mistakes get their own message, or a description of what differs.
 
     Args:
         fixed_chunked_attention_fn: the learner's function.
@@ -708,10 +747,15 @@ def check_fixed_chunked_attention(fixed_chunked_attention_fn: Callable) -> None:
     def check_one(got, case: Case) -> None:
         q, k, v, block_size = case.args
         expected = chunked_attention(q, k, v, block_size=block_size)
-        try:
-            compare_tensors(got, expected, case, what="Your output", misconceptions=FIX_MISTAKES)
-        except CheckFailure as failure:
-            raise CheckFailure(f"{failure}. {INSTRUMENT}") from None
+        if isinstance(got, torch.Tensor) and not _same(got, expected):
+            planted = buggy_chunked_attention(*case.args)
+            if _same(got, planted) and not _same(planted, expected):
+                raise CheckFailure(f"{PLANTED} (seen on the case '{case.name}')")
+            for m in NAN_MISTAKES:
+                wrong = m.wrong(*case.args)
+                if _same(got, wrong) and not _same(wrong, expected):
+                    raise CheckFailure(f"{m.message} (seen on the case '{case.name}')")
+        compare_tensors(got, expected, case, what="Your output", misconceptions=FIX_MISTAKES)
         _check_no_full_matrix(fixed_chunked_attention_fn, case)
 
     run_cases("fixed_chunked_attention", fixed_chunked_attention_fn, _fix_cases(seed=105),
