@@ -58,6 +58,13 @@ def test_strip_keeps_indentation_comments_and_names_the_function():
     assert "# multiply by two" in out and "2 * x" not in out
 
 
+def test_a_method_stub_names_its_class():
+    source = ("class Block:\n    def __init__(self):\n        pass\n\n    def forward(self, x):\n"
+              "        ### BEGIN SOLUTION\n        return x\n        ### END SOLUTION\n")
+    assert 'NotImplementedError("Exercise 9.7: write the body of Block.forward")' in \
+        strip_solutions(source, "9.7", "here")
+
+
 @pytest.mark.parametrize("source,message", [
     ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION", "inside a function body"),
     ("def f():\n    ### BEGIN SOLUTION\n    return 1", "without a matching"),

@@ -1,5 +1,5 @@
 """course_lib.course.gym: each buggy module has its reference's parameters, differs from it
-only through its planted mistake, and the instrument the case names finds that mistake (and
+only through its planted mistake (the sampler: draws at temperature 1 whatever T), and the instrument the case names finds that mistake (and
 finds nothing on the reference)."""
 
 from __future__ import annotations
@@ -10,79 +10,87 @@ import torch
 from course_lib.attention import MultiHeadAttention
 from course_lib.course import gym
 from course_lib.course.divergence import first_divergence
-from course_lib.course.probes import future_leaks, who_sees_whom
+from course_lib.course.probes import future_leaks
+from course_lib.generation import next_token_probs, sample_next_token
 
 D, H = 16, 4
 
 
 def _pair(name, d_model=D, n_heads=H):
     """(buggy, reference) with the same weights, in eval mode."""
-    case = gym.CASES[name]
-    torch.manual_seed(3)
-    ref = case.reference(d_model, n_heads).eval()
-    kwargs = {"dropout": ref.dropout} if name == "dropout" else {}
-    buggy = case.buggy(d_model, n_heads, **kwargs)
-    buggy.load_state_dict(ref.state_dict())
-    return buggy.eval(), ref
+    return gym.suspect(name, d_model, n_heads, seed=3)
 
 
 def _x(seq_len=6):
     return torch.randn(2, seq_len, D, generator=torch.Generator().manual_seed(4))
 
 
-def _out(module, x):
-    out = module(x, is_causal=True) if isinstance(module, MultiHeadAttention) else module(x)
+def _out(module, x, causal=False):
+    out = module(x, is_causal=causal) if isinstance(module, MultiHeadAttention) else module(x)
     return out[0] if isinstance(out, tuple) else out
 
 
-def test_there_are_six_cases_each_with_its_reference_parameters():
-    assert len(gym.CASES) == 6
+def test_there_are_four_module_cases_each_with_its_reference_parameters():
+    assert sorted(gym.CASES) == ["cache", "rope_v", "scale", "softmax"]
     for name in gym.CASES:
         buggy, ref = _pair(name)
         assert set(buggy.state_dict()) == set(ref.state_dict()), name
         assert gym.CASES[name].instrument
+    with pytest.raises(ValueError, match="name must be one of"):
+        gym.suspect("nope", D, H)
 
 
 def test_show_prints_the_buggy_source(capsys):
-    gym.show("mask")
+    gym.show("softmax")
     out = capsys.readouterr().out
-    assert "class MaskAttention" in out and "tril(diagonal=1)" in out
+    assert "class QueryAxisAttention" in out and "dim=-2" in out
+    gym.show("temperature")
+    assert "probs / temperature" in capsys.readouterr().out
     with pytest.raises(ValueError, match="name must be one of"):
         gym.show("nope")
 
 
-def test_future_leaks_finds_the_mask_off_by_one():
-    buggy, ref = _pair("mask")
+def test_future_leaks_finds_the_softmax_over_the_queries():
+    buggy, ref = _pair("softmax")
     x = _x()
-    report = future_leaks(lambda h: buggy(h), x)
-    assert not report.is_causal and report.lookahead == 1
+    assert not future_leaks(lambda h: buggy(h), x).is_causal
     assert future_leaks(lambda h: ref(h, is_causal=True)[0], x).is_causal
 
 
 def test_the_scale_bug_vanishes_with_one_head_and_first_divergence_locates_it():
     buggy, ref = _pair("scale")
     x = _x()
-    report = first_divergence(ref, buggy, lambda m: _out(m, x) if m is buggy else m(x)[0])
-    assert report.divergence.candidate == "out_proj" and not report.divergence.input_agreed
-    one, one_ref = _pair("scale", D, 1)
+    report = first_divergence(ref, buggy, lambda m: _out(m, x))
+    assert report.divergence.candidate == "out_proj"
+    one, one_ref = _pair("scale", n_heads=1)
     torch.testing.assert_close(one(x), one_ref(x)[0])
 
 
-def test_the_permutation_test_finds_the_merge_by_reshape():
-    buggy, ref = _pair("merge")
-    x = _x()
-    assert gym.permutation_gap(lambda h: buggy(h), x) > 0.1
-    assert gym.permutation_gap(lambda h: ref(h)[0], x) < 1e-5
-    one, _ = _pair("merge", D, 1)  # one head: a reshape is all a merge needs
-    assert gym.permutation_gap(lambda h: one(h), x) < 1e-5
+def test_the_repeated_token_test_finds_rope_on_the_values():
+    buggy, ref = _pair("rope_v")
+    assert gym.repeated_token_spread(lambda h: buggy(h), D) > 1e-2
+    assert gym.repeated_token_spread(lambda h: ref(h)[0], D) < 1e-5
+    x = _x()  # on other inputs the two differ too
+    assert (buggy(x) - ref(x)[0]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="seq_len"):
+        gym.repeated_token_spread(lambda h: ref(h)[0], D, seq_len=1)
 
 
-def test_who_sees_whom_refuses_the_layer_with_dropout_left_on():
-    buggy, ref = _pair("dropout")
-    x = _x()
-    with pytest.raises(ValueError, match="is dropout on"):
-        who_sees_whom(lambda h: buggy(h), x)
-    assert who_sees_whom(lambda h: ref(h)[0], x).all()
+def test_sample_frequencies_shows_the_temperature_does_nothing():
+    logits = torch.randn(6, generator=torch.Generator().manual_seed(0)) * 1.5
+    cold = gym.sample_frequencies(gym.sample_with_temperature, logits, 0.5)
+    hot = gym.sample_frequencies(gym.sample_with_temperature, logits, 2.0)
+    untouched = next_token_probs(logits[None])[0]
+    assert (cold - untouched).abs().max() < 0.02 and (hot - untouched).abs().max() < 0.02
+
+    def right(lo, t, g):
+        return sample_next_token(lo, temperature=t, generator=g)
+
+    cold = gym.sample_frequencies(right, logits, 0.5)
+    torch.testing.assert_close(cold, next_token_probs(logits[None], temperature=0.5)[0],
+                               atol=0.02, rtol=0)
+    with pytest.raises(ValueError, match="logits"):
+        gym.sample_frequencies(right, logits[None], 0.5)
 
 
 def test_cached_differs_from_uncached_only_for_the_buggy_cache():
@@ -95,17 +103,10 @@ def test_cached_differs_from_uncached_only_for_the_buggy_cache():
     assert gap[:3].max() < 1e-5 and (gap[3:] > 1e-3).all()
 
 
-def test_first_divergence_locates_the_post_norm():
-    buggy, ref = _pair("prenorm")
-    x = _x()
-    report = first_divergence(ref, buggy, lambda m: m(x)[0] if m is ref else m(x))
-    assert report.divergence.candidate == "attn_norm"
-    assert not report.divergence.input_agreed
-
-
 @pytest.mark.parametrize("name", sorted(gym.CASES))
 def test_every_buggy_module_differs_from_its_reference(name):
     buggy, ref = _pair(name)
     x = _x()
+    causal = gym.CASES[name].causal
     got = gym.run_cached(buggy, x, 2) if name == "cache" else buggy(x)
-    assert (got - _out(ref, x)).abs().max() > 1e-3
+    assert (got - _out(ref, x, causal)).abs().max() > 1e-3

@@ -49,6 +49,7 @@ GRADED_TAG = "graded"
 SOLUTION_ONLY_TAG = "solution_only"
 NB_VERSION = 4
 _DEF_RE = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)\s*\(")
+_CLASS_RE = re.compile(r"^(\s*)class\s+(\w+)\b")
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,14 @@ def _stub_block(lines: list[str], start: int, exercise: str, where: str) -> tupl
         end += 1
     if end == len(lines):
         raise ValueError(f"{where}: {BEGIN} without a matching {END}")
-    function = None
+    function, def_indent = None, None
     for line in reversed(lines[:start]):
         match = _DEF_RE.match(line)
-        if match and len(match.group(1)) < len(indent):
-            function = match.group(2)
+        if function is None and match and len(match.group(1)) < len(indent):
+            function, def_indent = match.group(2), len(match.group(1))
+        elif function is not None and (cls := _CLASS_RE.match(line)) \
+                and len(cls.group(1)) < def_indent:
+            function = f"{cls.group(2)}.{function}"  # a method: name its class too
             break
     if function is None:
         raise ValueError(

@@ -1,23 +1,24 @@
-"""The debugging gym of chapter 11: six small Transformer pieces, each with ONE planted mistake.
+"""The debugging gym of chapter 11: five small Transformer pieces, each with ONE planted mistake.
 
 Every buggy module runs, has the right output shape and the parameter names of the course_lib
-module it should equal (``qkv_proj``/``out_proj`` as in :class:`MultiHeadAttention`; the names
-of :class:`DecoderBlock`), so a fixed version can hold the reference's ``state_dict`` and be
-compared with it. Each case also names the instrument that finds its mistake:
+module it should equal (``qkv_proj``/``out_proj`` as in :class:`MultiHeadAttention`), so a
+fixed version can hold the reference's ``state_dict`` and be compared with it; the buggy
+sampler has the signature of a correct one. Each case also names the instrument that finds its
+mistake:
 
-=========  ==========================================  ==========================================
-case       the planted mistake                         the instrument that finds it
-=========  ==========================================  ==========================================
-mask       causal mask off by one                      ``future_leaks`` (chapter 05)
-scale      scores divided by sqrt(D), not sqrt(Dh)     ``first_divergence`` (chapter 08), and
+===========  ========================================  ========================================
+case         the planted mistake                       the instrument that finds it
+===========  ========================================  ========================================
+softmax      softmax over the queries (dim=-2)         ``future_leaks`` (chapter 05)
+scale        scores divided by sqrt(D), not sqrt(Dh)   ``first_divergence`` (chapter 08), and
                                                        the same layer with one head
-merge      heads merged by a reshape alone             permutation equivariance (chapter 02)
-dropout    dropout left on in eval mode                ``who_sees_whom``'s repeat check
-cache      RoPE positions restart at 0 with a cache    cached = uncached (chapter 09)
-prenorm    post-norm where pre-norm is meant           ``first_divergence`` (chapter 08)
-=========  ==========================================  ==========================================
+rope_v       RoPE applied to the values as well        the repeated-token test (chapter 03)
+temperature  probabilities, not logits, divided by T   :func:`sample_frequencies` (chapter 09)
+cache        RoPE positions restart at 0 with a cache  cached = uncached (chapter 09)
+===========  ========================================  ========================================
 
-Shape legend: B batch, T query length, S key length, D d_model, H heads, Dh head dim.
+Shape legend: B batch, T query length, S key length, D d_model, H heads, Dh head dim, V
+vocabulary.
 """
 
 from __future__ import annotations
@@ -28,17 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._validate import require_finite, require_floating, require_int, require_ndim
 from ..attention import MultiHeadAttention, causal_mask
-from ..blocks import DecoderBlock
 from ..cache import LayerKVCache
-from ..layers import FeedForward
 from ..positions import apply_rope
 
-__all__ = ["CASES", "GymCase", "permutation_gap", "run_cached", "show"]
+__all__ = ["CASES", "GymCase", "permutation_gap", "repeated_token_spread", "run_cached",
+           "sample_frequencies", "sample_with_temperature", "show", "suspect"]
 
 
 class GymAttention(nn.Module):
@@ -61,19 +60,18 @@ class GymAttention(nn.Module):
                      for t in (q, k, v))  # (B, H, T, Dh) each
 
 
-# ----------------------------------------------------------------------------- the six suspects
+# ----------------------------------------------------------------------------- the suspects
 
 
-class MaskAttention(GymAttention):
+class QueryAxisAttention(GymAttention):
     """Causal self-attention, (B, T, D) -> (B, T, D). One line is wrong."""
 
     def forward(self, x):
         q, k, v = self.heads(x)  # (B, H, T, Dh) each
-        seq_len = x.shape[1]
-        allowed = torch.ones(seq_len, seq_len, dtype=torch.bool).tril(diagonal=1)  # (T, T)
+        allowed = causal_mask(x.shape[1])  # (T, T): key s <= query t
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, T)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+        weights = torch.softmax(scores, dim=-2)  # (B, H, T, T)
         out = (weights @ v).transpose(1, 2).reshape(x.shape)  # (B, T, D)
         return self.out_proj(out)
 
@@ -89,26 +87,16 @@ class ScaleAttention(GymAttention):
         return self.out_proj(out)
 
 
-class MergeAttention(GymAttention):
-    """Self-attention without a mask (an encoder's), (B, T, D) -> (B, T, D). One line is wrong."""
+class RotaryAttention(GymAttention):
+    """Self-attention with rotary positions and no mask (an encoder's), (B, T, D) -> (B, T, D).
+    One line is wrong."""
 
     def forward(self, x):
         q, k, v = self.heads(x)  # (B, H, T, Dh) each
+        positions = torch.arange(x.shape[1])  # (T,)
+        q, k, v = (apply_rope(t, positions) for t in (q, k, v))  # rotate by position
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, T)
         weights = torch.softmax(scores, dim=-1)  # (B, H, T, T)
-        out = (weights @ v).reshape(x.shape)  # (B, T, D)
-        return self.out_proj(out)
-
-
-class DropoutAttention(GymAttention):
-    """Self-attention without a mask, with dropout on the weights while training,
-    (B, T, D) -> (B, T, D). One line is wrong."""
-
-    def forward(self, x):
-        q, k, v = self.heads(x)  # (B, H, T, Dh) each
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, T)
-        weights = torch.softmax(scores, dim=-1)  # (B, H, T, T)
-        weights = F.dropout(weights, p=self.dropout, training=True)
         out = (weights @ v).transpose(1, 2).reshape(x.shape)  # (B, T, D)
         return self.out_proj(out)
 
@@ -133,22 +121,12 @@ class CacheAttention(GymAttention):
         return self.out_proj(out)
 
 
-class PreNormBlock(nn.Module):
-    """A pre-norm decoder block, (B, T, D) -> (B, T, D), with the submodules of course_lib's
-    DecoderBlock: causal ``self_attn``, ``attn_norm``, ``ff`` and ``ff_norm``. One line is
-    wrong."""
-
-    def __init__(self, d_model: int, n_heads: int) -> None:
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
-        self.attn_norm = nn.LayerNorm(d_model)
-        self.ff = FeedForward(d_model)
-        self.ff_norm = nn.LayerNorm(d_model)
-
-    def forward(self, x):
-        x = self.attn_norm(x + self.self_attn(x, is_causal=True)[0])
-        x = x + self.ff(self.ff_norm(x))
-        return x
+def sample_with_temperature(logits, temperature, generator=None):
+    """One token per row of (B, V) logits, drawn at the given temperature (> 0): (B,) ids.
+    One line is wrong."""
+    probs = torch.softmax(logits, dim=-1)  # (B, V)
+    probs = probs / temperature  # sharper below 1, flatter above 1
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -174,32 +152,83 @@ class GymCase:
 
 
 CASES = {case.name: case for case in (
-    GymCase("mask", MaskAttention, lambda d, h: MultiHeadAttention(d, h), True,
+    GymCase("softmax", QueryAxisAttention, lambda d, h: MultiHeadAttention(d, h), True,
             "future_leaks (chapter 05): which outputs depend on later inputs"),
     GymCase("scale", ScaleAttention, lambda d, h: MultiHeadAttention(d, h), False,
             "first_divergence (chapter 08) against course_lib's MultiHeadAttention, and the "
             "same comparison with one head"),
-    GymCase("merge", MergeAttention, lambda d, h: MultiHeadAttention(d, h), False,
-            "the permutation-equivariance test (chapter 02): permuting the input positions "
-            "must permute the outputs the same way"),
-    GymCase("dropout", DropoutAttention,
-            lambda d, h: MultiHeadAttention(d, h, dropout=0.1), False,
-            "who_sees_whom (chapter 05), which runs the layer twice on the same input and "
-            "refuses a layer whose two answers differ"),
+    GymCase("rope_v", RotaryAttention, lambda d, h: MultiHeadAttention(d, h, rope=True), False,
+            "the repeated-token test (chapter 03, Exercise 3.4): one token at every position "
+            "must give one output at every position when the positions only steer the weights"),
     GymCase("cache", CacheAttention, lambda d, h: MultiHeadAttention(d, h, rope=True), True,
             "cached = uncached (chapter 09): the sequence fed in pieces through a KV cache "
             "must give what one pass over the whole sequence gives"),
-    GymCase("prenorm", PreNormBlock, lambda d, h: DecoderBlock(d, h), True,
-            "first_divergence (chapter 08) against course_lib's DecoderBlock: the first "
-            "submodule whose output differs, and why"),
 )}
+SAMPLER_INSTRUMENT = ("sample_frequencies: the share of each token among many draws, compared "
+                      "with course_lib's next_token_probs at two temperatures (chapter 09)")
 
 
 def show(name: str) -> None:
-    """Print the source of case ``name``'s buggy module (the code to debug)."""
+    """Print the source of case ``name``'s buggy module, or of the buggy sampler for
+    ``"temperature"`` (the code to debug)."""
+    if name == "temperature":
+        print(inspect.getsource(sample_with_temperature))
+        return
+    if name not in CASES:
+        raise ValueError(f"name must be one of {sorted(CASES) + ['temperature']}, got {name!r}")
+    print(inspect.getsource(CASES[name].buggy))
+
+
+def suspect(name: str, d_model: int, n_heads: int, *, seed: int = 0
+            ) -> tuple[nn.Module, nn.Module]:
+    """``(suspect, reference)`` for station ``name``: the buggy module and the course_lib module
+    it should equal, built with (d_model, n_heads), holding the same seeded weights, in eval
+    mode."""
     if name not in CASES:
         raise ValueError(f"name must be one of {sorted(CASES)}, got {name!r}")
-    print(inspect.getsource(CASES[name].buggy))
+    case = CASES[name]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(require_int("seed", seed))
+        reference = case.reference(require_int("d_model", d_model), require_int("n_heads", n_heads))
+    buggy = case.buggy(d_model, n_heads)
+    buggy.load_state_dict(reference.state_dict())
+    return buggy.eval(), reference.eval()
+
+
+def repeated_token_spread(fn: Callable[[torch.Tensor], torch.Tensor], d_model: int, *,
+                          seq_len: int = 6, seed: int = 0) -> float:
+    """The repeated-token test: feed one random token vector at every one of ``seq_len``
+    positions, (1, T, D), and return how far apart the T outputs are (the largest difference
+    from position 0's). Every row of attention weights sums to 1, so when the values do not
+    depend on position the outputs are all equal (rounding noise, about 1e-7), whatever the
+    positions do to the weights."""
+    require_int("d_model", d_model)
+    if require_int("seq_len", seq_len) < 2:
+        raise ValueError(f"seq_len must be 2 or more to compare positions, got {seq_len}")
+    gen = torch.Generator().manual_seed(require_int("seed", seed))
+    x = torch.randn(1, 1, d_model, generator=gen).expand(1, seq_len, d_model)  # (1, T, D)
+    with torch.no_grad():
+        out = fn(x.clone())
+    if not (isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[:2] == (1, seq_len)):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"fn must return a (1, {seq_len}, D) tensor, got {got}")
+    return float((out - out[:, :1]).abs().max())
+
+
+def sample_frequencies(sample: Callable, logits: torch.Tensor, temperature: float, *,
+                       n: int = 20_000, seed: int = 0) -> torch.Tensor:
+    """The share of each token among ``n`` draws of ``sample(logits, temperature, generator)``
+    from one row of logits (V,): returns (V,) frequencies, to compare with
+    ``next_token_probs(logits[None], temperature=...)``. 20,000 draws put each share within
+    about 0.01 of its probability."""
+    require_floating("logits", require_ndim("logits", logits, (1,), "(V,): one row of logits"))
+    gen = torch.Generator().manual_seed(require_int("seed", seed))
+    with torch.no_grad():
+        ids = sample(logits.expand(require_int("n", n), -1), temperature, gen)  # (n,)
+    if not isinstance(ids, torch.Tensor) or ids.shape != (n,):
+        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"sample must return (B,) token ids for (B, V) logits, got {got}")
+    return torch.bincount(ids.long(), minlength=logits.shape[-1]).float() / n  # (V,)
 
 
 def run_cached(layer: nn.Module, x: torch.Tensor, split: int, **kwargs: object) -> torch.Tensor:

@@ -1,20 +1,22 @@
 """Checks for chapter 12, today's decoders: the SwiGLU feed-forward network from its equation,
-grouped-query attention's key/value expansion, the KV cache of a published model (predicted,
-then measured), and a rotary embedding with a planted bug to find.
+a whole Llama-style block assembled from its parts, the KV cache of a published model
+(predicted, then measured), and a rotary embedding with a planted bug to find.
 
 The references are course_lib's :class:`~course_lib.layers.SwiGLU`,
-:class:`~course_lib.attention.MultiHeadAttention` (``n_kv_heads``),
-:class:`~course_lib.cache.KVCache` and :func:`~course_lib.positions.apply_rope`.
+:class:`~course_lib.blocks.DecoderBlock` (``norm="rms"``, ``ffn="swiglu"``, ``rope=True``,
+``n_kv_heads``, no biases), :class:`~course_lib.cache.KVCache` and
+:func:`~course_lib.positions.apply_rope`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
 
-from course_lib.attention import MultiHeadAttention, merge_heads, split_heads
+from course_lib.blocks import DecoderBlock
 from course_lib.cache import KVCache
 from course_lib.configs import DecoderConfig
 from course_lib.layers import SwiGLU
@@ -112,111 +114,239 @@ def check_swiglu(swiglu_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 12.2: expand_kv(kv, n_heads)
+# Exercise 12.2: llama_block(x, weights, n_heads, n_kv_heads), assembled from its parts
 
-KV_MISTAKES = [
-    Misconception(lambda kv, n_heads: kv.repeat(1, n_heads // kv.shape[1], 1, 1),
-                  "Your expansion tiles the key/value heads (0, 1, 0, 1, ...), as "
-                  "Tensor.repeat does, so query head h reads kv head h % Hkv. In grouped-query "
-                  "attention neighbouring query heads share one kv head (0, 0, 1, 1, ...): "
-                  "query head h reads kv head h // (H / Hkv)"),
-    Misconception(lambda kv, n_heads: kv.repeat_interleave(n_heads // kv.shape[1], dim=2),
-                  "Your expansion repeats along the positions (dim 2), not along the heads "
-                  "(dim 1): the result has H/Hkv times as many positions"),
-    Misconception(lambda kv, n_heads: kv.repeat_interleave(n_heads // kv.shape[1], dim=-1),
-                  "Your expansion repeats along the head dimension Dh (the last dim), not along "
-                  "the heads (dim 1)"),
+BLOCK_KEYS = ("attn_norm", "w_q", "w_k", "w_v", "w_o", "ff_norm", "w_gate", "w_up", "w_down")
+BLOCK_EPS = 1e-6  # RMSNorm's eps, as in Llama's config.json (rms_norm_eps)
+
+
+def reference_block(x: torch.Tensor, weights: Mapping[str, torch.Tensor], n_heads: int,
+                    n_kv_heads: int) -> torch.Tensor:
+    """course_lib's Llama-style :class:`~course_lib.blocks.DecoderBlock` (RMSNorm, RoPE,
+    grouped-query attention, SwiGLU, no biases) holding ``weights``, applied to x (B, T, D)."""
+    d_model, d_ff = x.shape[-1], weights["w_gate"].shape[0]
+    with torch.random.fork_rng(devices=[]):  # its random init is overwritten: leave the state
+        block = DecoderBlock(d_model, n_heads, d_ff, norm="rms", ffn="swiglu", rope=True,
+                             n_kv_heads=n_kv_heads, bias=False, eps=BLOCK_EPS).eval()
+    copies = {block.attn_norm.weight: weights["attn_norm"],
+              block.self_attn.qkv_proj.weight: torch.cat([weights[k] for k in ("w_q", "w_k",
+                                                                                "w_v")]),
+              block.self_attn.out_proj.weight: weights["w_o"],
+              block.ff_norm.weight: weights["ff_norm"], block.ff.gate_proj.weight:
+              weights["w_gate"], block.ff.up_proj.weight: weights["w_up"],
+              block.ff.down_proj.weight: weights["w_down"]}
+    with torch.no_grad():
+        for parameter, value in copies.items():
+            parameter.copy_(value)
+        return block(x)[0]  # (B, T, D)
+
+
+def block_variant(x, weights, n_heads, n_kv_heads, *, norm="rms", gain=True, post_norm=False,
+                  rope="pairs", rotate=("q", "k"), expand="interleave", causal=True,
+                  swap_gate=False, scale_by="d_head", residual=True) -> torch.Tensor:
+    """The block written out, with one part changed by a keyword: the wrong answers the check
+    recognises (with the defaults it is the right block; a test proves it)."""
+    w = weights
+    batch, seq_len, d_model = x.shape
+    d_head = d_model // n_heads
+
+    def normed(h, g):  # RMSNorm, or LayerNorm's mean-centring, with or without the gain
+        if norm == "layer":
+            h = h - h.mean(-1, keepdim=True)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + BLOCK_EPS)
+        return h * g if gain else h
+
+    def turn(t):  # (B, heads, T, Dh) or, rope="width", (B, T, width) before the head split
+        if rope in ("pairs", "width"):
+            return apply_rope(t)
+        return _rope_halves(t) if rope == "halves" else t
+
+    def heads(t, n):  # (B, T, n Dh) -> (B, n, T, Dh)
+        return t.view(batch, seq_len, n, d_head).transpose(1, 2)
+
+    def attention(h):
+        q, k, v = h @ w["w_q"].T, h @ w["w_k"].T, h @ w["w_v"].T
+        named = {"q": q, "k": k, "v": v}
+        if rope == "width":
+            named = {n: turn(t) if n in rotate else t for n, t in named.items()}
+        q, k, v = heads(named["q"], n_heads), heads(named["k"], n_kv_heads), \
+            heads(named["v"], n_kv_heads)
+        if rope != "width":
+            q, k, v = (turn(t) if n in rotate else t for n, t in (("q", q), ("k", k), ("v", v)))
+        group = n_heads // n_kv_heads
+        if expand == "tile":
+            k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+        else:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d_head if scale_by == "d_head" else d_model)
+        if causal:
+            keep = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq_len, d_model)
+        return out @ w["w_o"].T
+
+    def ffn(h):
+        gate, up = h @ w["w_gate"].T, h @ w["w_up"].T
+        if swap_gate:
+            gate, up = up, gate
+        return (F.silu(gate) * up) @ w["w_down"].T
+
+    if post_norm:
+        x = normed(x + attention(x), w["attn_norm"])
+        return normed(x + ffn(x), w["ff_norm"])
+    if not residual:
+        x = attention(normed(x, w["attn_norm"]))
+        return ffn(normed(x, w["ff_norm"]))
+    x = x + attention(normed(x, w["attn_norm"]))
+    return x + ffn(normed(x, w["ff_norm"]))
+
+
+def _variant(**change) -> Callable[..., torch.Tensor]:
+    return lambda x, weights, n_heads, n_kv_heads: block_variant(x, weights, n_heads,
+                                                                 n_kv_heads, **change)
+
+
+BLOCK_MISTAKES = [
+    Misconception(_variant(norm="layer"),
+                  "Your norm subtracts the mean first: that is LayerNorm. RMSNorm only divides "
+                  "by sqrt(mean(x^2) + eps) and multiplies by its gain"),
+    Misconception(_variant(gain=False),
+                  "Your norms leave out their gains: multiply each normalised vector by "
+                  "weights['attn_norm'] (before attention) or weights['ff_norm'] (before the "
+                  "feed-forward network)"),
+    Misconception(_variant(post_norm=True),
+                  "Your block normalises after each residual sum (post-norm, x = norm(x + f(x))). "
+                  "Llama's block is pre-norm: x = x + f(norm(x)), the stream itself never "
+                  "normalised"),
+    Misconception(_variant(residual=False),
+                  "Your block returns f(norm(x)) without adding x back: each sublayer's output "
+                  "is added to the residual stream, x = x + f(norm(x))"),
+    Misconception(_variant(swap_gate=True),
+                  "Your feed-forward network puts SiLU on W_up x and multiplies by W_gate x: "
+                  "SwiGLU's gate and up projections are swapped (the gate is silu(W_gate h))"),
+    Misconception(_variant(rotate=("q", "k", "v")),
+                  "Your block rotates the values too. RoPE turns queries and keys only, so that "
+                  "their scores see offsets; the values are what gets averaged, unrotated"),
+    Misconception(_variant(rotate=("q",)),
+                  "Your block rotates the queries but not the keys: RoPE turns both, each by its "
+                  "own position, so that a score depends on their offset"),
+    Misconception(_variant(rotate=("k",)),
+                  "Your block rotates the keys but not the queries: RoPE turns both, each by its "
+                  "own position, so that a score depends on their offset"),
+    Misconception(_variant(rope="none"),
+                  "Your block has no RoPE: rotate the queries and the keys of every head by "
+                  "their positions 0..T-1 (apply_rope) before the scores"),
+    Misconception(_variant(rope="halves"),
+                  "Your rotation pairs dimension i of a head with i + Dh/2 (Hugging Face's "
+                  "rotate_half layout). These weights follow apply_rope's pairs (2i, 2i + 1): "
+                  "the other layout computes other scores with the same weights"),
+    Misconception(_variant(rope="width"),
+                  "Your block rotates q and k across the whole width before splitting the heads: "
+                  "RoPE works inside each head, on (..., T, Dh), pairs of one head's dimensions"),
+    Misconception(_variant(expand="tile"),
+                  "Your key/value expansion tiles the heads (0, 1, 0, 1, ...), as Tensor.repeat "
+                  "does: query head h must read key/value head h // (H / Hkv), neighbours "
+                  "sharing (0, 0, 1, 1, ...)"),
+    Misconception(_variant(causal=False),
+                  "Your attention has no causal mask: every position also reads the later ones. "
+                  "A decoder's position t may attend only to positions <= t"),
+    Misconception(_variant(scale_by="d_model"),
+                  "Your scores are divided by sqrt(D); scaled dot-product attention divides by "
+                  "sqrt(Dh), the size of one head"),
 ]
 
 
-def _kv_cases(seed: int) -> list[Case]:
+def _block_weights(gen: torch.Generator, d_model: int, n_heads: int, n_kv_heads: int,
+                   d_ff: int, *, attention: bool = True, feed_forward: bool = True) -> dict:
+    """Random weights in nn.Linear's layout; gains away from 1 so that a missing gain shows.
+    ``attention=False`` zeroes W_o (the block is then x + ffn(norm(x))), ``feed_forward=False``
+    zeroes W_down (x + attn(norm(x)))."""
+    kv_dim = n_kv_heads * (d_model // n_heads)
+    s, f = d_model ** -0.5, d_ff ** -0.5
+    weights = {"attn_norm": 1 + 0.5 * rand(gen, d_model), "w_q": rand(gen, d_model, d_model,
+                                                                      scale=2 * s),
+               "w_k": rand(gen, kv_dim, d_model, scale=2 * s),
+               "w_v": rand(gen, kv_dim, d_model, scale=s), "w_o": rand(gen, d_model, d_model,
+                                                                        scale=s),
+               "ff_norm": 1 + 0.5 * rand(gen, d_model), "w_gate": rand(gen, d_ff, d_model,
+                                                                       scale=s),
+               "w_up": rand(gen, d_ff, d_model, scale=s), "w_down": rand(gen, d_model, d_ff,
+                                                                         scale=f)}
+    if not attention:
+        weights["w_o"] = torch.zeros_like(weights["w_o"])
+    if not feed_forward:
+        weights["w_down"] = torch.zeros_like(weights["w_down"])
+    return weights
+
+
+def _block_cases(seed: int) -> list[Case]:
+    """In the order a learner would debug: each part alone first, then whole blocks."""
     gen = torch.Generator().manual_seed(seed)
+    hint = ("the weights are in nn.Linear's layout (out_features, in_features); w_k and w_v "
+            "have Hkv * Dh rows, fewer than w_q's H * Dh")
+
+    def case(name, shape, n_heads, n_kv_heads, d_ff, **parts):
+        x = rand(gen, *shape)
+        weights = _block_weights(gen, shape[-1], n_heads, n_kv_heads, d_ff, **parts)
+        return Case(name, (x, weights, n_heads, n_kv_heads), hint=hint)
+
     return [
-        Case("Hkv=2 -> H=4, B=2, S=5, Dh=4", (rand(gen, 2, 2, 5, 4), 4)),
-        Case("Hkv=3 -> H=12 (groups of 4)", (rand(gen, 1, 3, 6, 8), 12)),
-        Case("Hkv=4 -> H=8, S=1 (one cached step)", (rand(gen, 3, 4, 1, 2), 8)),
-        Case("Hkv=1 -> H=8 (multi-query)", (rand(gen, 2, 1, 7, 4), 8)),
-        Case("Hkv=H=4 (plain multi-head: unchanged)", (rand(gen, 2, 4, 3, 4), 4)),
+        case("the norms and the feed-forward half (attention switched off: w_o = 0)",
+             (2, 5, 16), 4, 2, 24, attention=False),
+        case("attention at a single position (feed-forward off: w_down = 0; T=1, H=4, Hkv=2)",
+             (2, 1, 16), 4, 2, 24, feed_forward=False),
+        case("attention over 6 positions (feed-forward off: w_down = 0; H=4, Hkv=2)",
+             (2, 6, 16), 4, 2, 24, feed_forward=False),
+        case("the whole block, B=2, T=7, D=32, H=8, Hkv=2, F=40", (2, 7, 32), 8, 2, 40),
+        case("the whole block, multi-query: H=4, Hkv=1", (1, 9, 32), 4, 1, 48),
+        case("the whole block, no sharing: H=Hkv=2, Dh=8", (3, 5, 16), 2, 2, 32),
     ]
 
 
-def _attention_with(expand_kv_fn: Callable, mha: MultiHeadAttention,
-                    x: torch.Tensor) -> torch.Tensor:
-    """Grouped-query causal attention built from ``mha``'s weights, with the learner's
-    expansion of the keys and values (no RoPE)."""
-    kv_dim = mha.n_kv_heads * mha.d_head
-    q, k, v = mha.qkv_proj(x).split([mha.d_model, kv_dim, kv_dim], dim=-1)
-    q = split_heads(q, mha.n_heads)  # (B, H, T, Dh)
-    k, v = split_heads(k, mha.n_kv_heads), split_heads(v, mha.n_kv_heads)  # (B, Hkv, T, Dh)
-    case = Case(f"inside attention, H={mha.n_heads}, Hkv={mha.n_kv_heads}", (k, mha.n_heads))
-    k = call_learner(expand_kv_fn, case)
-    v = call_learner(expand_kv_fn, Case(case.name, (v, mha.n_heads)))
-    for name, t in (("keys", k), ("values", v)):
-        if not isinstance(t, torch.Tensor) or t.shape != q.shape:
-            raise CheckFailure(f"inside attention your expanded {name} should have the queries' "
-                               f"shape {tuple(q.shape)}, got {getattr(t, 'shape', t)!r}")
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, Dh)
-    return mha.out_proj(merge_heads(out))  # (B, T, D)
-
-
-def check_expand_kv(expand_kv_fn: Callable) -> None:
-    """Check ``expand_kv(kv, n_heads)``: (B, Hkv, S, Dh) -> (B, H, S, Dh), query head h
-    reading key/value head h // (H / Hkv); then, inside causal attention, against course_lib's
-    grouped-query ``MultiHeadAttention`` with the same weights.
+def check_llama_block(block_fn: Callable) -> None:
+    """Check ``llama_block(x, weights, n_heads, n_kv_heads)`` -> (B, T, D): a pre-norm block
+    with RMSNorm (eps 1e-6), RoPE on q and k, grouped-query causal attention and SwiGLU, no
+    biases, against course_lib's :class:`~course_lib.blocks.DecoderBlock` holding the same
+    weights. The first cases switch one half of the block off, so a failure names the part.
 
     Args:
-        expand_kv_fn: the learner's function.
+        block_fn: the learner's function.
     """
 
     def check_one(got, case: Case) -> None:
-        kv, n_heads = case.args
-        expected = kv.repeat_interleave(n_heads // kv.shape[1], dim=1)
-        compare_tensors(got, expected, case, what="Your expanded tensor",
-                        misconceptions=KV_MISTAKES)
+        expected = reference_block(*case.args)
+        compare_tensors(got, expected, case, what="Your block's output",
+                        misconceptions=BLOCK_MISTAKES)
 
-    cases = _kv_cases(seed=122)
-    for case in cases:
-        check_one(call_learner(expand_kv_fn, case), case)
-    gen = torch.Generator().manual_seed(1220)
-    for n_kv_heads in (2, 1):
-        torch.manual_seed(1221 + n_kv_heads)
-        mha = MultiHeadAttention(32, 8, n_kv_heads=n_kv_heads).eval()
-        x = rand(gen, 2, 6, 32)
-        with torch.no_grad():
-            got, expected = _attention_with(expand_kv_fn, mha, x), mha(x, is_causal=True)[0]
-        if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
-            raise CheckFailure(
-                f"Inside attention (H=8, Hkv={n_kv_heads}) your expansion gives another output "
-                "than course_lib's grouped-query MultiHeadAttention with the same weights: "
-                "query head h must read kv head h // (H / Hkv)")
-    print(f"\u2705 expand_kv is correct on all {len(cases)} test cases and inside grouped-query "
-          "attention (H=8 with Hkv=2 and Hkv=1: the same output as course_lib's "
-          "MultiHeadAttention)")
+    run_cases("llama_block", block_fn, _block_cases(seed=122), check_one)
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 12.3: the KV cache of Llama 3 8B, predicted
+# Exercise 12.3: the KV cache of Qwen2.5 7B, predicted
 
-LLAMA3_8B = dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                 hidden_size=4096, torch_dtype="bfloat16")
-CONTEXT, BATCH = 8192, 4
+QWEN25_7B = dict(num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                 hidden_size=3584, torch_dtype="bfloat16")  # Qwen/Qwen2.5-7B's config.json
+CONTEXT, BATCH = 32768, 8
 KV_KEYS = ("bytes_per_token", "bytes_for_the_batch")
 
 
-def _per_token(layers=32, kv_heads=8, d_head=128, bytes_per=2, kv=2) -> int:
+def _per_token(layers=28, kv_heads=4, d_head=128, bytes_per=2, kv=2) -> int:
     return kv * layers * kv_heads * d_head * bytes_per
 
 
 PER_TOKEN_MISTAKES = {
     "forgot the factor 2: the cache holds keys AND values": _per_token(kv=1),
-    "used all 32 query heads instead of the 8 key/value heads (or hidden_size, 32 x 128, "
-    "instead of num_key_value_heads x head_dim)": _per_token(kv_heads=32),
-    "forgot the layers: every one of the 32 layers caches its own keys and values":
+    "used all 28 query heads instead of the 4 key/value heads (or took the head dimension as "
+    "hidden_size / num_key_value_heads; it is hidden_size / num_attention_heads = 128)":
+        _per_token(kv_heads=28),
+    "forgot the layers: every one of the 28 layers caches its own keys and values":
         _per_token(layers=1),
     "counted 4 bytes per element (float32); bfloat16 takes 2": _per_token(bytes_per=4),
     "counted 1 byte per element; bfloat16 takes 2": _per_token(bytes_per=1),
     "counted 16 per element: that is bits, bfloat16 takes 2 bytes": _per_token(bytes_per=16),
     "forgot the head dimension (128 numbers per head)": _per_token(d_head=1),
+    "counted hidden_size numbers per key/value head: a head holds hidden_size / "
+    "num_attention_heads = 128": _per_token(d_head=3584),
 }
 
 
@@ -228,13 +358,14 @@ def _named(mistakes: Mapping[str, int], value: int) -> str | None:
 
 def check_kv_cache_prediction(kv_cache_prediction_fn: Callable) -> None:
     """Check ``kv_cache_prediction()`` -> {"bytes_per_token": int, "bytes_for_the_batch": int}
-    for Llama 3 8B in bfloat16 (context 8192, batch 4), then show the measurement on a small
-    model's KVCache.
+    for Qwen2.5 7B in bfloat16 (a batch of 8 sequences of 32,768 tokens), then show the
+    measurement on a small model's KVCache. Counts follow the course's number rule
+    (``require_count``: Python or numpy ints).
 
     Args:
         kv_cache_prediction_fn: the learner's function (no arguments).
     """
-    got = prediction_dict(call_learner(kv_cache_prediction_fn, Case("Llama 3 8B")), KV_KEYS,
+    got = prediction_dict(call_learner(kv_cache_prediction_fn, Case("Qwen2.5 7B")), KV_KEYS,
                           "kv_cache_prediction")
     expected = {"bytes_per_token": _per_token()}
     expected["bytes_for_the_batch"] = expected["bytes_per_token"] * CONTEXT * BATCH
@@ -248,19 +379,21 @@ def check_kv_cache_prediction(kv_cache_prediction_fn: Callable) -> None:
                               "head dimension x bytes per element"))
     batch = values["bytes_for_the_batch"]
     if batch != expected["bytes_for_the_batch"]:
-        mistakes = {"forgot the batch: each of the 4 sequences has its own cache":
+        mistakes = {f"forgot the batch: each of the {BATCH} sequences has its own cache":
                         per_token * CONTEXT,
-                    "forgot the context: the cache holds 8192 positions per sequence":
+                    f"forgot the context: the cache holds {CONTEXT:,} positions per sequence":
                         per_token * BATCH,
                     "gave GiB, not bytes": expected["bytes_for_the_batch"] // 2**30,
-                    "gave MiB, not bytes": expected["bytes_for_the_batch"] // 2**20}
+                    "gave MiB, not bytes": expected["bytes_for_the_batch"] // 2**20,
+                    "took 32,768 as 32,000 tokens": per_token * 32000 * BATCH}
         named = _named(mistakes, batch)
         raise CheckFailure(f"bytes_for_the_batch = {batch:,} is not right: "
                            + (f"you probably {named}" if named else
                               "multiply the bytes per token by the positions and the batch"))
-    print(f"\u2705 Llama 3 8B in bfloat16 caches {per_token:,} bytes per token "
+    print(f"\u2705 Qwen2.5 7B in bfloat16 caches {per_token:,} bytes per token "
           f"({per_token / 2**10:.0f} KiB); a batch of {BATCH} at {CONTEXT:,} tokens: "
-          f"{batch:,} bytes ({batch / 2**30:.0f} GiB)")
+          f"{batch:,} bytes ({batch / 2**30:.0f} GiB). With 28 key/value heads, ordinary "
+          f"multi-head attention, it would be {28 // 4} times as much")
     _measure_small_cache()
 
 
@@ -291,9 +424,9 @@ def _measure_small_cache() -> None:
 
 def buggy_rope(x: torch.Tensor, positions: torch.Tensor | None = None, *,
                base: float = 10000.0) -> torch.Tensor:
-    """The exercise's function, planted bug included: it pairs dimension i with i + Dh/2
-    (Hugging Face's rotate_half layout) where course_lib pairs 2i with 2i + 1."""
-    return _rope_halves(x, positions, base=base)
+    """The exercise's function, planted bug included: its speeds are theta_i = base^(-i/Dh)
+    where RoPE's are base^(-2i/Dh), so every pair but the first turns too fast."""
+    return _rope_interleaved(x, positions, base=base, exponent=1.0)
 
 
 def _rope_halves(x, positions=None, *, base=10000.0):
@@ -324,18 +457,23 @@ INSTRUMENTS = (
 
 ROPE_MISTAKES = [
     Misconception(buggy_rope,
-                  "Your rotation still pairs dimension i with i + Dh/2, as the given function "
-                  "does: the planted bug is still there. It passes the relative-position test "
-                  "(it is a valid rotary embedding, Hugging Face's layout) but course_lib pairs "
-                  "2i with 2i + 1, so weights trained with one layout give other scores with "
-                  "the other"),
+                  "Your rotation still turns pair i at theta_i = base^(-i/Dh), as the given "
+                  "function does: the planted bug is still there. It passes the relative-position "
+                  "test (any fixed speeds do) but only pair 0 turns at RoPE's speed; "
+                  "theta_i = base^(-2i/Dh)"),
+    Misconception(lambda x, positions=None, base=10000.0: _rope_interleaved(
+                      x, positions, base=base, exponent=4.0),
+                  "Your speeds are base^(-4i/Dh): the exponent was doubled twice (a factor 2 "
+                  "and a step-2 arange together). theta_i = base^(-2i/Dh): either "
+                  "arange(0, Dh, 2) / Dh or 2 * arange(Dh // 2) / Dh, not both"),
     Misconception(lambda x, positions=None, base=10000.0: _rope_interleaved(x, positions,
                                                                               base=base, sign=-1),
                   "Your rotation turns the other way (by -p theta_i): the sin terms have the "
                   "wrong signs. Scores still depend only on the offset, but on its negative"),
-    Misconception(lambda x, positions=None, base=10000.0: _rope_interleaved(
-                      x, positions, base=base, exponent=1.0),
-                  "Your frequencies are base^(-i/Dh): pair i turns at theta_i = base^(-2i/Dh)"),
+    Misconception(lambda x, positions=None, base=10000.0: _rope_halves(x, positions, base=base),
+                  "Your rotation pairs dimension i with i + Dh/2 (Hugging Face's rotate_half "
+                  "layout): a valid rotary embedding, but not this one. The pairs were right: "
+                  "(2i, 2i + 1), as in apply_rope; the bug is elsewhere"),
 ]
 
 
@@ -400,5 +538,5 @@ def check_fixed_rope(rope_fn: Callable) -> None:
               _rope_cases(seed=124), check_one)
 
 
-__all__ = ["buggy_rope", "check_expand_kv", "check_fixed_rope", "check_kv_cache_prediction",
+__all__ = ["buggy_rope", "check_fixed_rope", "check_kv_cache_prediction", "check_llama_block",
            "check_swiglu"]
