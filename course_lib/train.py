@@ -13,14 +13,23 @@ The loop asks a *batch function* (no arguments, returns one such dict) for every
 examples. The loop never chooses a device: it moves each batch to wherever the model is.
 Arguments are checked once, before the loop; the loop reads no tensor values beyond the loss
 it records, so on a GPU it waits for the device once a step.
+
+A run can be saved and continued (:func:`save_checkpoint`, :func:`load_checkpoint`, or
+``train(..., checkpoint="run.pt", resume=True)``): a checkpoint holds the weights, the
+optimizer's moments, the number of updates done, the history, and every random state the run
+draws from (torch's global generator, which dropout uses, the device's, and the batch
+functions' generators), so the continued run takes the same steps as one that never stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -160,7 +169,8 @@ def lm_batches(
 
     Returns:
         A function returning ``{"ids": x, "targets": y}`` with x, y (B, T) from
-        :func:`course_lib.corpus.get_batch`.
+        :func:`course_lib.corpus.get_batch`. Its ``generator`` attribute is ``generator``:
+        :func:`train`'s checkpoints save and restore where it is.
     """
     check_positive_ints(batch_size=batch_size, block_size=block_size)
     require_generator("generator", generator)
@@ -170,6 +180,7 @@ def lm_batches(
         x, y = get_batch(data, batch_size, block_size, generator=generator)  # (B, T), (B, T)
         return {"ids": x, "targets": y}
 
+    batch.generator = generator
     return batch
 
 
@@ -186,7 +197,8 @@ def random_batches(
         generator: a CPU torch.Generator, for repeatable batches.
 
     Returns:
-        A function returning a dict with the same keys, each value (B, ...).
+        A function returning a dict with the same keys, each value (B, ...). Its ``generator``
+        attribute is ``generator`` (as for :func:`lm_batches`).
     """
     n = check_random_batches(tensors, batch_size)
     require_generator("generator", generator)
@@ -195,6 +207,7 @@ def random_batches(
         rows = torch.randperm(n, generator=generator)[:batch_size]  # (B,) distinct examples
         return {name: value[rows.to(value.device)] for name, value in tensors.items()}
 
+    batch.generator = generator
     return batch
 
 
@@ -306,6 +319,8 @@ def train(
     progress: bool = True,
     desc: str = "training",
     callback: Callable[[int, TrainHistory], object] | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
 ) -> TrainHistory:
     """Train ``model`` with AdamW, warm-up + cosine learning rate and gradient clipping.
 
@@ -321,13 +336,22 @@ def train(
         callback: called as ``callback(step, history)`` after every evaluation (step 0, every
             ``eval_interval`` updates and after the last), model in eval mode: e.g. to redraw
             a live plot. Its return value is ignored.
+        checkpoint: a file to save the run to (:func:`save_checkpoint`) after every
+            evaluation but the first, replacing the previous one.
+        resume: if the ``checkpoint`` file exists, continue the run it holds instead of
+            starting afresh: the model, optimizer, history and random states are restored and
+            training goes on from the update after the saved one. Build the model and the
+            batch functions as before (the same generators, seeded or not: their states are
+            restored); the config must be the one the file was written with.
 
     Returns:
-        A :class:`TrainHistory`. The model is left in the mode (train/eval) it came in.
+        A :class:`TrainHistory` (of the whole run, when resumed). The model is left in the
+        mode (train/eval) it came in.
     """
     config = TrainConfig() if config is None else config
     check_training(model, config, progress=progress, train_batches=train_batches,
                    val_batches=val_batches, callback=callback)
+    check_checkpointing(checkpoint, resume)
     if config.seed is not None:
         torch.manual_seed(config.seed)
     device, was_training, started_run = _model_device(model), model.training, time.perf_counter()
@@ -335,11 +359,18 @@ def train(
     max_norm = config.grad_clip or math.inf  # inf: clip_grad_norm_ only measures the norm
     first = check_first_batches(train_batches=train_batches, val_batches=val_batches)
     history, batches = TrainHistory(), {"train": train_batches, "val": val_batches}
-    bar = tqdm(total=config.max_iters, desc=desc, disable=not progress, leave=True)
+    generators = batch_generators(train_batches, val_batches)
+    start = 0  # updates done
+    if resume and Path(checkpoint).exists():  # its random states undo check_first_batches' draws
+        saved = load_checkpoint(checkpoint, model, optimizer, generators=generators, config=config)
+        start, history = saved.step, saved.history or history
+    before = history.elapsed_s  # seconds spent before a restart
+    bar = tqdm(total=config.max_iters, initial=start, desc=desc, disable=not progress, leave=True)
     try:
         model.train()
-        _evaluate(model, history, 0, batches, config.eval_iters, callback)
-        for step in range(config.max_iters):
+        if start == 0:
+            _evaluate(model, history, 0, batches, config.eval_iters, callback)
+        for step in range(start, config.max_iters):
             started = time.perf_counter()
             batch = first if step == 0 else train_batches()
             lr = config.lr_at(step)
@@ -355,11 +386,110 @@ def train(
             bar.update(1)
             if (step + 1) % config.eval_interval == 0 or step + 1 == config.max_iters:
                 _evaluate(model, history, step + 1, batches, config.eval_iters, callback)
+                if checkpoint is not None:
+                    history.elapsed_s = before + time.perf_counter() - started_run
+                    save_checkpoint(checkpoint, model, optimizer, step=step + 1,
+                                    history=history, generators=generators, config=config)
     finally:
         bar.close()
-        history.elapsed_s = time.perf_counter() - started_run
+        history.elapsed_s = before + time.perf_counter() - started_run
         model.train(was_training)
     return history
+
+
+# --- checkpoints
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What :func:`load_checkpoint` read besides the states it restored in place.
+
+    Attributes:
+        step: updates done when it was saved.
+        history: the run's :class:`TrainHistory` so far (None if none was saved).
+        config: the :class:`TrainConfig` as a dict (None if none was saved).
+    """
+
+    step: int
+    history: TrainHistory | None
+    config: dict | None
+
+
+def batch_generators(*batch_functions: BatchFn | None) -> list[torch.Generator]:
+    """The distinct generators the batch functions draw from (their ``generator`` attribute,
+    set by :func:`lm_batches` and :func:`random_batches`), in order."""
+    found = [getattr(fn, "generator", None) for fn in batch_functions]
+    return list({id(g): g for g in found if isinstance(g, torch.Generator)}.values())
+
+
+def save_checkpoint(
+    path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+    step: int, history: TrainHistory | None = None,
+    generators: Sequence[torch.Generator] = (), config: TrainConfig | None = None,
+) -> None:
+    """Save everything a run needs to continue exactly: the weights, the optimizer's state
+    (AdamW's moments and step counts), ``step`` (the updates done), the history, torch's
+    global random state (dropout, and batches drawn without a generator), the model device's
+    random state (CUDA or MPS), the ``generators`` the batches are drawn with, and the config.
+    The file is written next to ``path`` and then renamed, so a run stopped while saving
+    leaves the previous checkpoint whole.
+    """
+    check_checkpoint(path, model, optimizer, generators)
+    require_non_negative_int("step", step)
+    device = _model_device(model)
+    state = {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+        "history": dataclasses.asdict(history) if history is not None else None,
+        "config": dataclasses.asdict(config) if config is not None else None,
+        "rng": torch.get_rng_state(), "device_rng": _device_rng(device),
+        "generators": [g.get_state() for g in generators],
+    }
+    partial = Path(path).with_name(Path(path).name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)  # one step: the old file or the new one, never half of one
+
+
+def load_checkpoint(
+    path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+    *, generators: Sequence[torch.Generator] | None = None, config: TrainConfig | None = None,
+) -> Checkpoint:
+    """Restore a :func:`save_checkpoint` file into ``model`` (and ``optimizer``), and set
+    torch's, the device's and the ``generators``' random states to the saved ones. Build
+    the model and the optimizer as for the saved run first. ``generators`` must be as many
+    as were saved, in the same order (None: leave them alone, e.g. to inspect the weights).
+    With ``config``, refuse a file written by a run with another config: the continued run
+    would not be the same run.
+
+    Returns:
+        A :class:`Checkpoint` with the number of updates done, the history and the config.
+    """
+    check_checkpoint(path, model, optimizer, generators or ())
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    check_resumable(path, state, generators, config)
+    model.load_state_dict(state["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    _set_device_rng(_model_device(model), state["device_rng"])
+    if generators is not None:  # None: the batch generators are left as they are
+        for generator, saved in zip(generators, state["generators"], strict=True):
+            generator.set_state(saved)
+    history = TrainHistory(**state["history"]) if state["history"] is not None else None
+    return Checkpoint(state["step"], history, state["config"])
+
+
+def _device_rng(device: torch.device) -> torch.Tensor | None:
+    """The random state of the model's accelerator (dropout draws from it), if any."""
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.mps.get_rng_state() if device.type == "mps" else None
+
+
+def _set_device_rng(device: torch.device, state: torch.Tensor | None) -> None:
+    if state is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    elif state is not None and device.type == "mps":
+        torch.mps.set_rng_state(state)
 
 
 def _record(history: TrainHistory, step: int, loss: float, lr: float,
@@ -434,6 +564,47 @@ def check_training(model: object, config: object = None, *, iters: object = 1,
             require_callable(name, fn, "a function callback(step, history)", n_args=2)
         elif fn is not None:
             require_callable(name, fn, "a function")
+
+
+def check_checkpointing(checkpoint: object, resume: object) -> None:
+    """train's ``checkpoint`` (None or a path) and ``resume`` (a bool that needs a path)."""
+    check_bools(resume=resume)
+    if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
+        raise TypeError(f"checkpoint must be a file path (str or Path) or None, got "
+                        f"{checkpoint!r:.40}")
+    if resume and checkpoint is None:
+        raise ValueError("resume=True needs the file to resume from: checkpoint='run.pt'")
+
+
+def check_checkpoint(path: object, model: object, optimizer: object,
+                     generators: object) -> None:
+    """save_checkpoint's and load_checkpoint's arguments."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a file path (str or Path), got {path!r:.40}")
+    check_model(model)
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {optimizer!r:.40}")
+    if isinstance(generators, torch.Generator) or not isinstance(generators, Sequence):
+        raise TypeError(f"generators must be a list of torch.Generator, got {generators!r:.40}")
+    for i, generator in enumerate(generators):
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generators[{i}] must be a torch.Generator, got {generator!r:.40}")
+
+
+def check_resumable(path: object, state: Mapping, generators: Sequence | None,
+                    config: TrainConfig | None) -> None:
+    """The file holds as many generator states as there are generators, and its config (if
+    one is given to compare with) is ``config``."""
+    if generators is not None and len(state["generators"]) != len(generators):
+        raise ValueError(f"{path} holds the states of {len(state['generators'])} batch "
+                         f"generator(s), but {len(generators)} were given: build the batch "
+                         "functions as for the saved run (each with its generator, or none)")
+    saved, wanted = state["config"], dataclasses.asdict(config) if config is not None else None
+    if saved is not None and wanted is not None and saved != wanted:
+        changed = ", ".join(f"{k}={saved[k]!r} (now {wanted[k]!r})" for k in wanted
+                            if saved.get(k) != wanted[k])
+        raise ValueError(f"{path} was written by a run with another config: {changed}. "
+                         "Resume with the saved config, or pass resume=False to start afresh")
 
 
 def check_random_batches(tensors: object, batch_size: object) -> int:

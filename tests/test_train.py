@@ -4,6 +4,7 @@ and it explains bad input."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -19,15 +20,19 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import course_lib.train as train_module
 from course_lib.configs import DecoderConfig, EncoderDecoderConfig, LMOutput
+from course_lib.device import num_threads
 from course_lib.models import DecoderLM, EncoderDecoder, count_parameters
 from course_lib.tasks import copy_task, recall_task, word_order_task
 from course_lib.train import (
     TrainConfig,
     estimate_loss,
     lm_batches,
+    load_checkpoint,
     lr_schedule,
+    make_optimizer,
     param_groups,
     random_batches,
+    save_checkpoint,
     train,
 )
 
@@ -671,7 +676,7 @@ def test_live_plot_draws_the_curves_so_far():
     import matplotlib
 
     matplotlib.use("Agg")
-    from course_lib.course.viz import LivePlot, draw_losses
+    from course_lib.instruments.viz import LivePlot, draw_losses
 
     live = LivePlot({"bigram": 2.5}, ylim=(1.0, 4.5))
     live.update([0, 10, 20], {"train": [4.0, 3.0], "validation": [4.1, 3.2]}, best=(10, 3.2))
@@ -685,3 +690,172 @@ def test_live_plot_draws_the_curves_so_far():
     assert len(live.ax.get_lines()) == 2  # the curve and the baseline
     with pytest.raises(TypeError, match="curves must be a dict"):
         draw_losses(live.ax, [0], [4.0])
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints: a run stopped and resumed takes the same steps as one that never stopped
+
+
+def _dropout_setup(init_seed: int = 0, batch_seed: int = 0):
+    """A tiny decoder with dropout (torch's global generator) and seeded train and validation
+    batches (two more generators): every random state a run draws from."""
+    task = copy_task(256, 4, n_symbols=4, seed=1)
+    model = _tiny_decoder(task.vocab_size, seed=init_seed, dropout=0.2)
+    tensors = {"ids": task.inputs, "targets": task.targets}
+    batches = random_batches(tensors, 16, generator=torch.Generator().manual_seed(batch_seed))
+    val = random_batches(tensors, 16, generator=torch.Generator().manual_seed(batch_seed + 1))
+    config = TrainConfig(max_iters=40, lr=3e-3, warmup_iters=5, eval_interval=10, eval_iters=2)
+    return model, batches, val, config
+
+
+def _same_run(a, b) -> None:
+    for name in ("steps", "train_losses", "lrs", "grad_norms", "eval_steps",
+                 "eval_train_losses", "val_losses"):
+        assert getattr(a, name) == getattr(b, name), name
+
+
+def _stop_at(stop: int):
+    """A callback that stops the run (as Ctrl-C would) at the evaluation after ``stop``."""
+    def callback(step, history):
+        if step == stop:
+            raise KeyboardInterrupt
+    return callback
+
+
+def test_a_resumed_run_takes_the_same_steps_as_an_uninterrupted_one(tmp_path):
+    path = tmp_path / "run.pt"
+    with num_threads(1):
+        model, batches, val, config = _dropout_setup()
+        straight = train(model, batches, config, val_batches=val, progress=False)
+        # the same run, stopped after update 20's evaluation: the file holds update 10
+        first, batches, val, _ = _dropout_setup()
+        with pytest.raises(KeyboardInterrupt):
+            train(first, batches, config, val_batches=val, progress=False, checkpoint=path,
+                  resume=True, callback=_stop_at(20))
+        assert load_checkpoint(path, _dropout_setup()[0]).step == 10
+        # a fresh start: other initial weights, other batch seeds; the file restores them all
+        resumed_model, batches, val, _ = _dropout_setup(init_seed=5, batch_seed=9)
+        resumed = train(resumed_model, batches, config, val_batches=val, progress=False,
+                        checkpoint=path, resume=True)
+    _same_run(resumed, straight)
+    assert len(resumed.train_losses) == 40 and resumed.eval_steps == [0, 10, 20, 30, 40]
+    for (name, p), q in zip(model.state_dict().items(), resumed_model.state_dict().values(),
+                            strict=True):
+        assert torch.equal(p, q), name
+    assert load_checkpoint(path, _dropout_setup()[0]).step == 40  # saved after the last update
+    assert not (tmp_path / "run.pt.partial").exists()
+
+
+def test_without_the_random_states_the_continued_run_would_differ(tmp_path):
+    path = tmp_path / "run.pt"
+    with num_threads(1):
+        model, batches, val, config = _dropout_setup()
+        straight = train(model, batches, config, val_batches=val, progress=False)
+        model, batches, val, _ = _dropout_setup()
+        with pytest.raises(KeyboardInterrupt):
+            train(model, batches, config, val_batches=val, progress=False, checkpoint=path,
+                  callback=_stop_at(20))
+        # weights and optimizer restored, but torch's generator and the batches' are not
+        model, batches, val, _ = _dropout_setup(batch_seed=9)
+        optimizer = make_optimizer(model, config)
+        done = load_checkpoint(path, model, optimizer)
+        torch.manual_seed(0)
+        losses = [model(**batches()).loss.item() for _ in range(3)]
+    assert done.step == 10 and done.history.train_losses == straight.train_losses[:10]
+    assert losses[0] != straight.train_losses[10]  # another batch and other dropout masks
+
+
+def test_resume_without_a_file_starts_afresh_and_a_finished_run_stays_finished(tmp_path):
+    path = tmp_path / "run.pt"
+    with num_threads(1):
+        model, batches, val, config = _dropout_setup()
+        straight = train(model, batches, config, val_batches=val, progress=False)
+        model, batches, val, _ = _dropout_setup()
+        fresh = train(model, batches, config, val_batches=val, progress=False,
+                      checkpoint=path, resume=True)
+        again = train(model, batches, config, val_batches=val, progress=False,
+                      checkpoint=path, resume=True)
+    _same_run(fresh, straight)
+    _same_run(again, straight)  # nothing left to do: the saved history comes back
+
+
+def test_save_and_load_checkpoint_in_a_hand_written_loop(tmp_path):
+    path = tmp_path / "own.pt"
+    generator = torch.Generator().manual_seed(3)
+
+    def step(model, optimizer):
+        ids = torch.randint(0, 5, (4, 6), generator=generator)
+        loss = model(ids=ids, targets=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    with num_threads(1):
+        torch.manual_seed(0)
+        model = _tiny_decoder(5, dropout=0.2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = [step(model, optimizer) for _ in range(3)]
+        save_checkpoint(path, model, optimizer, step=3, generators=[generator])
+        losses += [step(model, optimizer) for _ in range(3)]
+        model = _tiny_decoder(5, seed=1, dropout=0.2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        generator.manual_seed(99)
+        done = load_checkpoint(path, model, optimizer, generators=[generator])
+        resumed = [step(model, optimizer) for _ in range(3)]
+    assert done.step == 3 and done.history is None and done.config is None
+    assert resumed == losses[3:]
+
+
+def test_batch_functions_expose_their_generator():
+    generator = torch.Generator().manual_seed(0)
+    assert lm_batches(torch.arange(50), 2, 4, generator=generator).generator is generator
+    assert random_batches({"x": torch.arange(8)}, 2, generator=generator).generator is generator
+    assert lm_batches(torch.arange(50), 2, 4).generator is None
+
+
+def test_checkpoint_arguments_are_checked(tmp_path):
+    path = tmp_path / "run.pt"
+    model, batches, val, config = _dropout_setup()
+    short = TrainConfig(max_iters=10, warmup_iters=2, eval_interval=5, eval_iters=1)
+    with pytest.raises(ValueError, match=r"resume=True needs .*checkpoint="):
+        train(model, batches, short, progress=False, resume=True)
+    with pytest.raises(TypeError, match=r"^checkpoint must be a file path"):
+        train(model, batches, short, progress=False, checkpoint=3)
+    with pytest.raises(TypeError, match=r"^resume must be True or False"):
+        train(model, batches, short, progress=False, checkpoint=path, resume="yes")
+    train(model, batches, short, val_batches=val, progress=False, checkpoint=path)
+    other = dataclasses.replace(short, lr=1e-2)
+    with pytest.raises(ValueError, match=r"another config: lr=0\.001 \(now 0\.01\).*resume=False"):
+        train(model, batches, other, val_batches=val, progress=False, checkpoint=path,
+              resume=True)
+    with pytest.raises(ValueError, match=r"2 batch generator\(s\), but 1 were given"):
+        train(model, batches, short, progress=False, checkpoint=path, resume=True)
+    optimizer = make_optimizer(model, short)
+    with pytest.raises(TypeError, match=r"^optimizer must be a torch.optim.Optimizer"):
+        save_checkpoint(path, model, "adam", step=1)
+    with pytest.raises(ValueError, match=r"^step must be an integer >= 0"):
+        save_checkpoint(path, model, optimizer, step=-1)
+    with pytest.raises(TypeError, match=r"^generators must be a list"):
+        save_checkpoint(path, model, optimizer, step=1, generators=torch.Generator())
+    with pytest.raises(TypeError, match=r"^generators\[0\] must be a torch.Generator"):
+        load_checkpoint(path, model, optimizer, generators=[0])
+    with pytest.raises(TypeError, match=r"^path must be a file path"):
+        load_checkpoint(None, model)
+
+
+@on_devices
+def test_a_checkpoint_restores_the_random_state_of_the_model_device(device, tmp_path):
+    path = tmp_path / "run.pt"
+    model = _tiny_decoder(5, dropout=0.2).to(device)
+    optimizer = make_optimizer(model, TrainConfig(max_iters=2, warmup_iters=1))
+    save_checkpoint(path, model, optimizer, step=0)
+    drawn = torch.rand(4, device=device)  # what dropout would draw next
+    weights = {name: p.clone() for name, p in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    load_checkpoint(path, model, optimizer)
+    assert torch.equal(torch.rand(4, device=device), drawn)
+    assert all(torch.equal(p, weights[name]) for name, p in model.state_dict().items())
+    assert next(model.parameters()).device.type == device.type
