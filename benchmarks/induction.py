@@ -3,7 +3,7 @@
     python -m benchmarks.induction              # both studies
     python -m benchmarks.induction --seeds 10   # the phase change over more seeds only
 
-1. The recipe of ``course_lib.course.induction`` over many seeds: where the repeated half's
+1. The recipe of ``course_lib.instruments.induction`` over many seeds: where the repeated half's
    loss falls below 1 nat, the final losses and the best head scores, two layers and one.
 2. Chapter 09's CPU char GPT trained for its full 1,500 updates (about 90 s): its heads'
    previous-token and induction scores, and its losses on repeated text.
@@ -19,8 +19,8 @@ import torch
 
 from course_lib import DecoderConfig, DecoderLM, seed_everything
 from course_lib.corpus import shakespeare_text, train_val_split
-from course_lib.course.induction import half_losses, induction_model, train_induction
-from course_lib.course.probes import induction_score, previous_token_score
+from course_lib.instruments.induction import half_losses, induction_model, train_induction
+from course_lib.instruments.probes import induction_score, previous_token_score
 from course_lib.tasks import repeated_segments
 from course_lib.tokenizer import CharTokenizer
 from course_lib.train import TrainConfig, estimate_loss, lm_batches, train

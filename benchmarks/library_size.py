@@ -2,7 +2,7 @@
 
     python -m benchmarks.library_size            # one line per module, then the totals
 
-The model library is ``course_lib`` without ``course_lib/course/`` (the course's tooling).
+The model library is ``course_lib`` without ``course_lib/instruments/`` and ``course_lib/course/``.
 A *code line* is a line that holds code: not blank, not a comment, not part of a docstring.
 A *check line* is a code line of an argument check:
 
@@ -69,7 +69,8 @@ def measure(path: Path) -> tuple[int, int, int]:
 
 
 def main() -> None:
-    files = sorted(p for p in ROOT.rglob("*.py") if "course" not in p.relative_to(ROOT).parts[:-1])
+    files = sorted(p for p in ROOT.rglob("*.py")
+                   if not {"course", "instruments"} & set(p.relative_to(ROOT).parts[:-1]))
     total = [0, 0, 0]
     print(f"{'module':<28}{'lines':>7}{'code':>7}{'checks':>8}")
     for path in files:

@@ -22,7 +22,8 @@ of pyproject's environment defaults):
   stored ones were made on a CPU, where some demos are smaller).
 
 It prints one line per cell of the matrix: version, threads, instruction set (as requested, and
-what PyTorch then uses), passed/failed per part, minutes. Exit status 1 if anything failed; the failing tests are listed after the table.
+what PyTorch then uses), passed/failed per part, minutes. Exit status 1 if anything failed;
+the failing tests are listed after the table.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def test_tools_for(version: str) -> list[str]:
     """Test tools that work with this torch: Hugging Face's transformers 5 turns itself off
     below torch 2.6, so older versions get the 4.x line (and sentence-transformers before 6)."""
     major, minor = (int(x) for x in version.split(".")[:2])
-    return ["transformers>=4.40,<5", "sentence-transformers>=2.7,<6"] if (major, minor) < (2, 6) else []
+    old_torch = (major, minor) < (2, 6)
+    return ["transformers>=4.40,<5", "sentence-transformers>=2.7,<6"] if old_torch else []
 
 
 def python_for(version: str, rebuild: bool) -> str:
@@ -84,7 +86,8 @@ def capability(python: str, isa: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if isa != "default":
         env["ATEN_CPU_CAPABILITY"] = isa
-    return subprocess.run([python, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+    ask = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    return subprocess.run([python, "-c", ask],
                           env=env, capture_output=True, text=True).stdout.strip() or "?"
 
 
@@ -127,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     versions = args.torch or [floor(), NEWEST]
 
     rows, failures = [], []
-    print(f"{'torch':<22} {'threads':>7} {'ISA (used)':<18} " + " ".join(f"{w:<22}" for w in args.what)
-          + " minutes", flush=True)
+    print(f"{'torch':<22} {'threads':>7} {'ISA (used)':<18} "
+          + " ".join(f"{w:<22}" for w in args.what) + " minutes", flush=True)
     for version in versions:
         python = python_for(version, args.rebuild)
         actual = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],

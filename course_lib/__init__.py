@@ -20,28 +20,34 @@ The model library, bottom-up:
     efficient   chunked (online-softmax), sliding-window and low-rank attention; peak memory
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
+    bpe         byte-level BPE: GPT-2's pre-tokenization, train_bpe (the same merges as Hugging
+                Face tokenizers), BPETokenizer
     tasks       synthetic tasks: copy, long-range recall, repeated random segments, word-order
                 translation with a known alignment; BERT's masking rule (mask_tokens)
     metrics     token and sequence accuracy, the alignment score of cross-attention
-    train       a small training loop (AdamW, warm-up and cosine decay, clipping, evaluation)
+    train       a small training loop (AdamW, warm-up and cosine decay, clipping, evaluation);
+                checkpoints a run resumes from exactly (save_checkpoint, load_checkpoint)
     pretrained  a real BERT checkpoint in our own Encoder: config, weight map, loading,
                 mean pooling; a Hugging Face Llama in our DecoderLM (RoPE pair order)
 
-The course's tooling is in ``course_lib.course``; it imports the model library, never the other
-way round: graded checks, the exercise generator, the grader, the Colab set-up, and the
-instruments that are not lessons:
-    course.probes      black-box tests of which outputs depend on which inputs (future leaks),
+Three folders, imported one way only (course -> instruments -> the model library):
+    (this folder)      the model library above: what the lessons build
+    instruments/       tools that measure a model, not lessons:
+        probes         black-box tests of which outputs depend on which inputs (future leaks),
                        head ablation, per-layer gradient norms, head roles, previous-token
                        and induction scores, a head's path into one later layer, logit lens
-    course.induction   chapter 11's recipe: an attention-only model trained on repeated
+        induction      chapter 11's recipe: an attention-only model trained on repeated
                        segments, its training log, the loss on each half
-    course.divergence  the first submodule where two implementations of one network disagree
-    course.viz         attention heatmaps, a real model's head view, the plot style, widgets
-    course.bert_app    load_pretrained_encoder: the bundled all-MiniLM-L6-v2 with its
+        divergence     the first submodule where two implementations of one network disagree
+        gym            chapter 11's debugging gym: planted bugs and the measurements that find them
+        viz            attention heatmaps, a real model's head view, the plot style, widgets
+        bert_app       load_pretrained_encoder: the bundled all-MiniLM-L6-v2 with its
                        tokenizer, encode(...), sentence embeddings, semantic search
+    course/            the course machinery: graded checks, the exercise generator, the
+                       grader, the Colab set-up cell, claims, the pytest plugin
 
-The heavier modules (corpus, train, pretrained, the course tools) are imported on demand:
-``from course_lib.course.bert_app import load_pretrained_encoder``.
+The heavier modules (corpus, train, pretrained, the instruments) are imported on demand:
+``from course_lib.instruments.bert_app import load_pretrained_encoder``.
 """
 
 from .attention import (

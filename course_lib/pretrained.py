@@ -14,7 +14,7 @@ RoPE, whose pairs of dimensions Hugging Face and course_lib order differently
 (:func:`rope_half_to_interleaved`).
 
 Reading a model folder, the tokenizer and the sentence-embedding wrapper are tooling:
-``course_lib.course.bert_app`` (``load_pretrained_encoder()``).
+``course_lib.instruments.bert_app`` (``load_pretrained_encoder()``).
 
 Shape legend: B batch, T tokens (padded to the longest in the batch), D d_model (BERT's
 hidden_size), L layers.
@@ -134,7 +134,7 @@ def bert_weight_map(n_layers: int, *, token_types: bool = True) -> dict[str, tup
 
 def bert_module_pairs(n_layers: int, *, token_types: bool = True) -> dict[str, str]:
     """Which submodule of Hugging Face's ``BertModel`` computes the same output as each
-    submodule of our :class:`Encoder` (for ``course_lib.course.divergence.first_divergence``).
+    submodule of our :class:`Encoder` (for ``course_lib.instruments.divergence.first_divergence``).
 
     Only modules that receive the same input in both models are listed (our position table is
     called with a length, BERT's with position ids, so it is left out).

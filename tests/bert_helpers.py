@@ -1,4 +1,4 @@
-"""What the tests of course_lib.pretrained and course_lib.course.bert_app share: example
+"""What the tests of course_lib.pretrained and course_lib.instruments.bert_app share: example
 sentences, a tiny BERT saved by transformers itself, and a copy of a model folder."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from course_lib.course.bert_app import REQUIRED_FILES  # noqa: E402
+from course_lib.instruments.bert_app import REQUIRED_FILES  # noqa: E402
 
 SENTENCES = [
     "The cat sat on the mat.",

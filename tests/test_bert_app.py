@@ -1,4 +1,4 @@
-"""course_lib.course.bert_app: reading a model folder (config.json, the tokenizer) into a
+"""course_lib.instruments.bert_app: reading a model folder (config.json, the tokenizer) into a
 PretrainedEncoder, its tokenizer (against Hugging Face's), encode and attention maps, sentence
 embeddings and semantic search (against sentence-transformers), and the errors of the loader,
 the tokenizer and the embedding options. (The comparisons of the encoder itself with Hugging
@@ -19,7 +19,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from bert_helpers import LONG, SENTENCES, copy_folder, save_tiny_bert  # noqa: E402
 
-from course_lib.course.bert_app import (  # noqa: E402
+from course_lib.instruments.bert_app import (  # noqa: E402
     REQUIRED_FILES,
     default_model_dir,
     load_pretrained_encoder,

@@ -485,7 +485,7 @@ def test_who_sees_whom_rejects_wrong_answers(name):
 
 def test_the_probed_functions_have_the_dependences_their_docstrings_claim():
     """The check's test functions, measured with the library probe."""
-    from course_lib.course.probes import who_sees_whom
+    from course_lib.instruments.probes import who_sees_whom
 
     x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))
     ones = torch.ones(6, 6, dtype=torch.bool)

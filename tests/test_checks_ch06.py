@@ -28,7 +28,7 @@ from course_lib.course.checks.ch06 import (
     measured_flops,
     measured_score_stats,
 )
-from course_lib.course.probes import ablate_heads
+from course_lib.instruments.probes import ablate_heads
 
 CHECKS = [check_split_heads, check_merge_heads, check_multi_head_attention,
           check_cross_attention_flops, check_ablated_output, check_scale_predictions]

@@ -30,7 +30,7 @@ from course_lib.course.checks.ch07 import (
     check_warmup,
     check_warmup_sweep,
 )
-from course_lib.course.probes import layer_grad_norms as library_layer_grad_norms
+from course_lib.instruments.probes import layer_grad_norms as library_layer_grad_norms
 
 ALL_CHECKS = [check_layer_norm_prediction, check_layer_norm, check_rms_norm, check_residual_stack, check_layer_grad_norms,
               check_dropout, check_pre_norm_block, check_scaled_init, check_lr_at,

@@ -16,14 +16,14 @@ from helpers import stub
 
 from course_lib.attention import causal_mask, merge_heads
 from course_lib.course.checks import CheckFailure, ch11
-from course_lib.course.gym import (
+from course_lib.generation import sample_next_token
+from course_lib.instruments.gym import (
     CacheAttention,
     QueryAxisAttention,
     RotaryAttention,
     ScaleAttention,
     sample_with_temperature,
 )
-from course_lib.generation import sample_next_token
 from course_lib.positions import RotaryEmbedding, apply_rope
 
 # ------------------------------------------------------------------------------ the gym
@@ -426,7 +426,7 @@ def test_induction_score_stub_and_crash():
 
 
 def test_the_reference_equals_course_libs_score_without_a_gap_and_is_one_for_a_perfect_head():
-    from course_lib.course.probes import induction_score
+    from course_lib.instruments.probes import induction_score
 
     weights = torch.softmax(torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(5)),
                             dim=-1)
@@ -446,7 +446,7 @@ def test_the_reference_equals_course_libs_score_without_a_gap_and_is_one_for_a_p
 @pytest.fixture(scope="module")
 def trained():
     """The exercise's model: 2 layers of 2 attention heads, 500 updates (seed 3)."""
-    from course_lib.course.induction import induction_model, train_induction
+    from course_lib.instruments.induction import induction_model, train_induction
 
     model = induction_model(2, seed=3)
     train_induction(model, steps=500, seed=3, progress=False)
@@ -507,7 +507,7 @@ def test_ablation_prediction_names_learner_mistakes(trained):
 
 
 def test_ablation_prediction_refuses_an_untrained_model():
-    from course_lib.course.induction import induction_model
+    from course_lib.instruments.induction import induction_model
 
     with pytest.raises(CheckFailure, match="no in-context gain"):
         ch11.check_ablation_prediction(lambda: dict(CIRCUIT), induction_model(2, seed=3))

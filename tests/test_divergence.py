@@ -19,8 +19,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
-from course_lib.course.bert_app import default_model_dir, load_pretrained_encoder  # noqa: E402
-from course_lib.course.divergence import (  # noqa: E402
+from course_lib.instruments.bert_app import default_model_dir, load_pretrained_encoder  # noqa: E402
+from course_lib.instruments.divergence import (  # noqa: E402
     MISTAKES,
     first_divergence,
     inject_mistake,

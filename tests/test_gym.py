@@ -1,4 +1,4 @@
-"""course_lib.course.gym: each buggy module has its reference's parameters, differs from it
+"""course_lib.instruments.gym: each buggy module has its reference's parameters, differs from it
 only through its planted mistake (the sampler: draws at temperature 1 whatever T), and the instrument the case names finds that mistake (and
 finds nothing on the reference)."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from course_lib.attention import MultiHeadAttention
-from course_lib.course import gym
-from course_lib.course.divergence import first_divergence
-from course_lib.course.probes import future_leaks
 from course_lib.generation import next_token_probs, sample_next_token
+from course_lib.instruments import gym
+from course_lib.instruments.divergence import first_divergence
+from course_lib.instruments.probes import future_leaks
 
 D, H = 16, 4
 

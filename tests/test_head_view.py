@@ -1,4 +1,4 @@
-"""The head view (course_lib.course.viz): static plots of one head or one layer, and the widget whose
+"""The head view (course_lib.instruments.viz): static plots of one head or one layer, and the widget whose
 sentence box and sliders redraw it. Plain ipywidgets and matplotlib, nothing fetched."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course_lib.course.bert_app import load_pretrained_encoder  # noqa: E402
-from course_lib.course.viz import head_view, head_view_widget, plot_head, plot_layer_heads  # noqa: E402
+from course_lib.instruments.bert_app import load_pretrained_encoder  # noqa: E402
+from course_lib.instruments.viz import head_view, head_view_widget, plot_head, plot_layer_heads  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""course_lib.course.induction: the chapter-11 recipe grows induction heads on a CPU.
+"""course_lib.instruments.induction: the chapter-11 recipe grows induction heads on a CPU.
 
 One two-layer and one one-layer model are trained once (about 15 s on one core together) and
 shared by the tests. Thresholds come from ``python -m benchmarks.induction`` (seeds 0-9, 800
@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from course_lib.course.induction import (
+from course_lib.instruments.induction import (
     INDUCTION_VOCAB,
     first_half_losses,
     half_losses,
@@ -25,7 +25,7 @@ from course_lib.course.induction import (
     induction_model,
     train_induction,
 )
-from course_lib.course.probes import ablate_head_path, ablate_heads
+from course_lib.instruments.probes import ablate_head_path, ablate_heads
 from course_lib.tasks import repeated_segments
 
 LOG_V = math.log(INDUCTION_VOCAB)

@@ -105,7 +105,7 @@ def first_reading_minutes(nb: nbformat.NotebookNode) -> float:
     questions. Calibrated on readers' times for the whole course; running a core notebook adds
     seconds (pytest prints each one's execution time)."""
     code_lines = sum(
-        1 for c in nb.cells if c.cell_type == "code" and not c.source.startswith("# Set-up")
+        1 for c in nb.cells if c.cell_type == "code" and "setup" not in c.metadata.get("tags", [])
         for line in c.source.splitlines() if line.strip() and not line.strip().startswith("#"))
     predictions = sum(c.source.count("**Predict") for c in nb.cells if c.cell_type == "markdown")
     return prose_words(nb) / 100 + code_lines / 15 + 3 * predictions + 5

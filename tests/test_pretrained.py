@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from course_lib.cache import KVCache  # noqa: E402
 from course_lib.configs import DecoderConfig, EncoderConfig  # noqa: E402
-from course_lib.course.bert_app import (  # noqa: E402
+from course_lib.instruments.bert_app import (  # noqa: E402
     PretrainedEncoder,
     default_model_dir,
     load_pretrained_encoder,

@@ -1,4 +1,4 @@
-"""course_lib.course.probes: the black-box "who sees whom" and future-leak probes, head ablation,
+"""course_lib.instruments.probes: the black-box "who sees whom" and future-leak probes, head ablation,
 gradient norms and head_role_scores; none of them ever concludes from NaN or inf."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from torch import nn
 from course_lib.attention import MultiHeadAttention, causal_mask
 from course_lib.blocks import EncoderBlock
 from course_lib.configs import DecoderConfig, EncoderConfig
-from course_lib.course.bert_app import load_pretrained_encoder
-from course_lib.course.probes import (
+from course_lib.instruments.bert_app import load_pretrained_encoder
+from course_lib.instruments.probes import (
     HEAD_ROLES,
     PATH_PARTS,
     LeakReport,

@@ -9,9 +9,9 @@ import torch
 from course_lib import DecoderConfig, DecoderLM
 from course_lib.cache import KVCache
 from course_lib.configs import EncoderConfig, EncoderDecoderConfig
-from course_lib.course.divergence import first_divergence
-from course_lib.course.induction import half_losses, train_induction
-from course_lib.course.probes import ablate_head_path, logit_lens
+from course_lib.instruments.divergence import first_divergence
+from course_lib.instruments.induction import half_losses, train_induction
+from course_lib.instruments.probes import ablate_head_path, logit_lens
 from course_lib.layers import LayerNorm, RMSNorm, make_norm
 from course_lib.models import Encoder, MaskedLM
 from course_lib.pretrained import config_from_llama, load_llama_weights, rope_half_to_interleaved
@@ -119,7 +119,7 @@ def test_models_of_other_sizes_are_not_compared_module_by_module():
     (torch.randn(1, 3, 4), {"seed": 1.5}, "seed must be an integer"),
 ])
 def test_the_permutation_gap_refuses_inputs_it_cannot_judge(x, kwargs, message):
-    from course_lib.course.gym import permutation_gap
+    from course_lib.instruments.gym import permutation_gap
 
     with pytest.raises((ValueError, TypeError), match=message):
         permutation_gap(lambda h: 2 * h, x, **kwargs)

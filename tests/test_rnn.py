@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from course_lib.attention import MultiHeadAttention
-from course_lib.course.probes import future_leaks
+from course_lib.instruments.probes import future_leaks
 from course_lib.rnn import (
     ElmanRNN,
     RNNAttention,

@@ -1,5 +1,5 @@
-"""The shape of course_lib itself: imports go one way only, and every function is short enough
-to read next to the notes."""
+"""The shape of course_lib itself: three folders (the model library, instruments/, course/) whose
+imports go one way only, and every function short enough to read next to the notes."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
-DATA_MODULES = {"corpus", "tokenizer", "tasks", "metrics"}
+DATA_MODULES = {"bpe", "corpus", "tokenizer", "tasks", "metrics"}
 MODEL_MODULES = {"attention", "blocks", "cache", "configs", "generation", "layers", "models",
                  "positions", "rnn", "pretrained", "train"}
-MOVED_TO_COURSE = {"divergence", "probes", "viz"}  # instruments, not lessons
+INSTRUMENTS = {"bert_app", "divergence", "gym", "induction", "probes", "viz"}  # not lessons
 MAX_CODE_LINES = 60
 
 
@@ -40,25 +40,38 @@ def _imports(path: Path, module: str | None = None) -> set[str]:
 
 
 def _library_files() -> list[Path]:
-    return sorted(p for p in LIB.rglob("*.py") if "course" not in p.relative_to(LIB).parts[:1])
+    """The model library: course_lib's own modules, outside instruments/ and course/."""
+    return sorted(p for p in LIB.rglob("*.py")
+                  if p.relative_to(LIB).parts[0] not in {"course", "instruments"})
 
 
-def test_the_model_library_never_imports_the_course_tooling():
-    offenders = {_module_name(p): sorted(i for i in _imports(p) if i.startswith("course_lib.course"))
-                 for p in _library_files()}
-    assert {m: i for m, i in offenders.items() if i} == {}
+def _folder_files(folder: str) -> list[Path]:
+    return sorted((LIB / folder).rglob("*.py"))
 
 
-def test_the_instruments_live_in_the_course_package_without_shims():
-    """divergence, probes and viz are course tooling: no module of that name (or a shim that
-    re-exports it) is left in the model library, and every course module that uses them
-    imports them from course_lib.course."""
-    assert {p.stem for p in _library_files()} & MOVED_TO_COURSE == set()
-    old = {f"course_lib.{name}" for name in MOVED_TO_COURSE}
-    users = {_module_name(p): sorted(_imports(p) & old) for p in sorted(LIB.rglob("*.py"))}
-    assert {m: i for m, i in users.items() if i} == {}
-    for name in MOVED_TO_COURSE | {"bert_app"}:
-        assert f"course_lib.course.{name}" in {_module_name(p) for p in LIB.rglob("*.py")}
+def _imports_from(paths: list[Path], prefixes: tuple[str, ...]) -> dict[str, list[str]]:
+    found = {_module_name(p): sorted(i for i in _imports(p) if i.startswith(prefixes))
+             for p in paths}
+    return {module: names for module, names in found.items() if names}
+
+
+def test_the_model_library_never_imports_the_instruments_or_the_course_machinery():
+    assert _imports_from(_library_files(), ("course_lib.course", "course_lib.instruments")) == {}
+
+
+def test_the_instruments_never_import_the_course_machinery():
+    assert _imports_from(_folder_files("instruments"), ("course_lib.course",)) == {}
+
+
+def test_every_instrument_lives_in_instruments_and_nowhere_else():
+    """No module of an instrument's name (or a shim that re-exports it) in the model library or
+    in course/, and nothing imports one from its old places."""
+    for name in INSTRUMENTS:
+        assert (LIB / "instruments" / f"{name}.py").exists(), name
+    elsewhere = {p.stem for p in _library_files() + _folder_files("course")}
+    assert elsewhere & INSTRUMENTS == set()
+    old = tuple(f"course_lib.{place}{name}" for name in INSTRUMENTS for place in ("", "course."))
+    assert _imports_from(sorted(LIB.rglob("*.py")), old) == {}
 
 
 def test_the_data_modules_never_import_the_models():
@@ -126,7 +139,5 @@ def test_the_structure_checks_can_fail(tmp_path):
     tree = ast.parse(fake.read_text())
     function = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     assert _code_lines(function, fake.read_text().splitlines()) == 62
-    fake.write_text("from course_lib.course import probes\n")
-    assert "course_lib.course.probes" in _imports(fake, "course_lib.fake")
-    fake.write_text("from ..viz import plot_attention\n")
-    assert "course_lib.viz" in _imports(fake, "course_lib.course.fake")
+    fake.write_text("from ..course.checks import ch05\n")  # an instrument importing a check
+    assert "course_lib.course.checks" in _imports(fake, "course_lib.instruments.fake")

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from course_lib.course import colab  # noqa: E402
-from course_lib.course.viz import _make_widget, interactive, plot_attention, use_course_style  # noqa: E402
+from course_lib.instruments.viz import _make_widget, interactive, plot_attention, use_course_style  # noqa: E402
 
 
 def test_plot_attention_labels_and_values():

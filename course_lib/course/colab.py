@@ -39,8 +39,7 @@ SETUP_TAG = "setup"
 NOTEBOOK_FOLDERS = (Path("notebooks"), Path("notebooks/deeper"), Path("solutions"))
 
 _SETUP_TEMPLATE = '''\
-# Set-up: run this cell first. In Google Colab it installs the course library, course_lib, from
-# the course repository or a copy of it, keeping Colab's torch; elsewhere it only sets up plots.
+#@title Set-up: run this cell first (in Colab it installs course_lib) { display-mode: "form" }
 import sys
 
 IN_COLAB = "google.colab" in sys.modules
@@ -86,11 +85,19 @@ def setup_source(repo_url: str = REPO_URL) -> str:
 SETUP_CELL = setup_source()
 
 
+# Folded where the notebook opens: JupyterLab hides the source, Colab shows the #@title as a form.
+SETUP_METADATA = {"jupyter": {"source_hidden": True}, "cellView": "form"}
+
+
 def setup_cell() -> nbformat.NotebookNode:
     """A fresh set-up code cell."""
     cell = nbformat.v4.new_code_cell(SETUP_CELL)
-    cell.metadata["tags"] = [SETUP_TAG]
+    cell.metadata.update({"tags": [SETUP_TAG], **SETUP_METADATA})
     return cell
+
+
+def _folded(cell: nbformat.NotebookNode) -> bool:
+    return all(cell.metadata.get(key) == value for key, value in SETUP_METADATA.items())
 
 
 def _setup_index(nb: nbformat.NotebookNode) -> int | None:
@@ -108,6 +115,8 @@ def out_of_date(path: Path) -> str | None:
         return f"{path}: the first code cell must be the set-up cell (tagged '{SETUP_TAG}')"
     if nb.cells[index].source != SETUP_CELL:
         return f"{path}: the set-up cell differs from course_lib.course.colab.SETUP_CELL"
+    if not _folded(nb.cells[index]):
+        return f"{path}: the set-up cell is not folded ({SETUP_METADATA} in its metadata)"
     return None
 
 
@@ -128,6 +137,7 @@ def sync(folders: list[Path], *, check: bool = False) -> list[str]:
                 nb.cells.insert(0 if nb.cells[0].cell_type == "code" else 1, setup_cell())
             else:
                 nb.cells[index].source = SETUP_CELL
+                nb.cells[index].metadata.update(SETUP_METADATA)
             nbformat.write(nb, path)
             report.append(f"updated {path}")
     return report

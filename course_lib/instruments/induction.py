@@ -126,7 +126,7 @@ def first_half_losses(model: DecoderLM, ids: torch.Tensor) -> tuple[float, float
 @torch.no_grad()
 def head_scores(model: DecoderLM, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every head's previous-token and induction score on repeated segments, averaged over
-    the batch: two (n_layers, H) tensors (see course_lib.course.probes)."""
+    the batch: two (n_layers, H) tensors (see course_lib.instruments.probes)."""
     seg = _check_ids(ids).shape[1] // 2
     _check_model(model).eval()
     weights = model(ids, output_attentions=True).attentions  # n_layers x (B, H, 2L, 2L)

@@ -234,7 +234,7 @@ def _attention_stack(attentions: Any, tokens: Sequence[str]) -> torch.Tensor:
 
 def _encoder_fn(model: Any) -> AttentionFn:
     """A function sentence -> (attentions, tokens) for a model with ``.encode`` (such as
-    course_lib.course.bert_app's PretrainedEncoder) or for such a function itself."""
+    course_lib.instruments.bert_app's PretrainedEncoder) or for such a function itself."""
     if hasattr(model, "encode"):
         def attend(sentence: str) -> tuple[Any, Sequence[str]]:
             out = model.encode(sentence, output_attentions=True, output_hidden_states=False)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.attention import softmax
-from course_lib.course.probes import who_sees_whom
+from course_lib.instruments.probes import who_sees_whom
 from course_lib.layers import FeedForward
 
 from ._core import (

@@ -17,7 +17,7 @@ from course_lib.attention import (
     scaled_dot_product_attention,
 )
 from course_lib.attention import softmax as safe_softmax
-from course_lib.course.probes import who_sees_whom as reference_who_sees_whom
+from course_lib.instruments.probes import who_sees_whom as reference_who_sees_whom
 
 from ._core import (
     Case,

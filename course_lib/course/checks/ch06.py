@@ -22,7 +22,7 @@ from course_lib.attention import (
     scaled_dot_product_attention,
     split_heads,
 )
-from course_lib.course.probes import ablate_heads, who_sees_whom
+from course_lib.instruments.probes import ablate_heads, who_sees_whom
 
 from ._core import (
     Case,

@@ -21,9 +21,9 @@ from torch import nn
 
 from course_lib.blocks import EncoderBlock
 from course_lib.configs import DecoderConfig
-from course_lib.course.divergence import first_divergence
-from course_lib.course.probes import layer_grad_norms as reference_layer_grad_norms
 from course_lib.device import num_threads
+from course_lib.instruments.divergence import first_divergence
+from course_lib.instruments.probes import layer_grad_norms as reference_layer_grad_norms
 from course_lib.layers import layer_norm, rms_norm
 from course_lib.models import DecoderLM
 
@@ -967,7 +967,7 @@ def check_dropout(dropout: Callable) -> None:
 
 _INSTRUMENT = ("Instrument: equality with the reference, course_lib's "
                "EncoderBlock(norm_first=True) with your block's weights copied in; "
-               "course_lib.course.divergence.first_divergence(reference, your_block, run) "
+               "course_lib.instruments.divergence.first_divergence(reference, your_block, run) "
                "locates the first submodule whose output differs")
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from course_lib.attention import MultiHeadAttention, causal_mask, padding_mask
 from course_lib.blocks import EncoderBlock
 from course_lib.configs import DecoderConfig, EncoderConfig
-from course_lib.course.bert_app import default_model_dir, load_pretrained_encoder
+from course_lib.instruments.bert_app import default_model_dir, load_pretrained_encoder
 from course_lib.models import DecoderLM, MaskedLM, count_parameters, lm_loss
 from course_lib.pretrained import mean_pool
 from course_lib.tasks import mask_tokens

@@ -1,7 +1,7 @@
 """Checks for chapter 11, inside a trained Transformer: a head's induction score computed from
 its attention pattern when a gap separates the two copies (11.1), predictions of what four
 ablations the lecture does not run do to the two halves' losses (11.2), then the debugging
-gym (11.3-11.7): four modules and one sampler from :mod:`course_lib.course.gym`, each with
+gym (11.3-11.7): four modules and one sampler from :mod:`course_lib.instruments.gym`, each with
 one planted mistake, which the learner finds with an instrument and then repairs.
 
 A module check builds the learner's fixed class, loads the weights of the course_lib module it
@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from course_lib.attention import MultiHeadAttention, causal_mask, merge_heads, split_heads
-from course_lib.course.divergence import first_divergence
-from course_lib.course.gym import (
+from course_lib.generation import next_token_probs
+from course_lib.instruments.divergence import first_divergence
+from course_lib.instruments.gym import (
     CASES,
     SAMPLER_INSTRUMENT,
     GymCase,
@@ -31,14 +32,13 @@ from course_lib.course.gym import (
     run_cached,
     sample_frequencies,
 )
-from course_lib.course.induction import EVAL_SEGMENT_LEN, half_losses, head_scores
-from course_lib.course.probes import (
+from course_lib.instruments.induction import EVAL_SEGMENT_LEN, half_losses, head_scores
+from course_lib.instruments.probes import (
     ablate_head_path,
     ablate_heads,
     future_leaks,
     who_sees_whom,
 )
-from course_lib.generation import next_token_probs
 from course_lib.tasks import repeated_segments
 
 from ._core import (
@@ -324,7 +324,7 @@ def _sampler_logits() -> torch.Tensor:
 def check_fixed_sampler(fn: Callable) -> None:
     """Exercise 11.6: ``fn(logits, temperature, generator)`` must draw one token per row of
     (B, V) logits from softmax(logits / temperature), as course_lib's ``sample_next_token``.
-    Graded with :func:`~course_lib.course.gym.sample_frequencies` at two temperatures."""
+    Graded with :func:`~course_lib.instruments.gym.sample_frequencies` at two temperatures."""
     logits = _sampler_logits()
     name = getattr(fn, "__name__", "your sampler")
     rows = []
@@ -439,7 +439,7 @@ def induction_reference(weights: torch.Tensor, segment_len: int, gap: int) -> to
     """The induction score of exercise 11.1: the copies sit L + G positions apart, so query t of
     the second copy (t = L + G .. 2L + G - 1) is scored on key t - (L + G) + 1, the token after
     the earlier copy of its token. Written as a loop over queries, apart from course_lib's
-    :func:`~course_lib.course.probes.induction_score` (which it equals for G = 0)."""
+    :func:`~course_lib.instruments.probes.induction_score` (which it equals for G = 0)."""
     distance = segment_len + gap
     picked = [weights[..., t, t - distance + 1] for t in range(distance, weights.shape[-1])]
     return torch.stack(picked, dim=-1).mean(-1)  # weights.shape[:-2]
