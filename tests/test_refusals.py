@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from course_lib import DecoderConfig, DecoderLM
+from course_lib.attention import MultiHeadAttention
 from course_lib.cache import KVCache
 from course_lib.configs import EncoderConfig, EncoderDecoderConfig
+from course_lib.instruments import gym
 from course_lib.instruments.divergence import first_divergence
 from course_lib.instruments.induction import half_losses, train_induction
 from course_lib.instruments.probes import ablate_head_path, logit_lens
@@ -206,3 +208,17 @@ def test_a_cache_of_another_batch_or_other_heads_says_which():
                                          max_len=16)).eval()
     with pytest.raises(ValueError, match="the KV cache holds.*other heads or head widths"):
         four_heads(ids(b=2, t=1), past_key_values=cache)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: gym.run_cached(MultiHeadAttention(16, 4), torch.randn(1, 6, 16), 2.0), TypeError,
+     "split must be an integer"),
+    (lambda: gym.run_cached(MultiHeadAttention(16, 4), torch.randn(1, 6, 16), -1), ValueError,
+     r"split must be 1..T = 1..6"),
+    (lambda: gym.repeated_token_spread(lambda h: h, 0), ValueError, "d_model must be"),
+    (lambda: gym.sample_frequencies(gym.sample_with_temperature, torch.randn(5), "1"), TypeError,
+     "temperature must be a number"),
+])
+def test_the_gym_instruments_name_bad_arguments(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -31,7 +31,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._validate import require_finite, require_floating, require_int, require_ndim
+from .._validate import (
+    require_finite,
+    require_floating,
+    require_int,
+    require_ndim,
+    require_positive_int,
+    require_positive_number,
+)
 from ..attention import MultiHeadAttention, causal_mask
 from ..cache import LayerKVCache
 from ..positions import apply_rope
@@ -202,7 +209,7 @@ def repeated_token_spread(fn: Callable[[torch.Tensor], torch.Tensor], d_model: i
     from position 0's). Every row of attention weights sums to 1, so when the values do not
     depend on position the outputs are all equal (rounding noise, about 1e-7), whatever the
     positions do to the weights."""
-    require_int("d_model", d_model)
+    require_positive_int("d_model", d_model)
     if require_int("seq_len", seq_len) < 2:
         raise ValueError(f"seq_len must be 2 or more to compare positions, got {seq_len}")
     gen = torch.Generator().manual_seed(require_int("seed", seed))
@@ -222,6 +229,7 @@ def sample_frequencies(sample: Callable, logits: torch.Tensor, temperature: floa
     ``next_token_probs(logits[None], temperature=...)``. 20,000 draws put each share within
     about 0.01 of its probability."""
     require_floating("logits", require_ndim("logits", logits, (1,), "(V,): one row of logits"))
+    require_positive_number("temperature", temperature)
     gen = torch.Generator().manual_seed(require_int("seed", seed))
     with torch.no_grad():
         ids = sample(logits.expand(require_int("n", n), -1), temperature, gen)  # (n,)
@@ -235,6 +243,10 @@ def run_cached(layer: nn.Module, x: torch.Tensor, split: int, **kwargs: object) 
     """Feed x (B, T, D) through ``layer(piece, past_key_value=cache, **kwargs)`` in pieces,
     with one LayerKVCache: the first ``split`` positions at once, then one position at a time
     (for course_lib's MultiHeadAttention pass ``is_causal=True``). Returns (B, T, D)."""
+    require_ndim("x", x, (3,), "(B, T, D)")
+    if not 1 <= require_int("split", split) <= x.shape[1]:
+        raise ValueError(f"split must be 1..T = 1..{x.shape[1]} (the positions fed at once before "
+                         f"the one-at-a-time steps), got {split}")
     cache = LayerKVCache()
     pieces = [x[:, :split]] + [x[:, t:t + 1] for t in range(split, x.shape[1])]
     outs = []
