@@ -32,36 +32,15 @@ returns an Encoding that also holds every token's string, offsets and masks.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 
-def hf_tokenizer(text: str, vocab_size: int):
-    """``tokenizers``' byte-level BPE, trained on ``text`` as our train_bpe is."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator([text], trainer)
-    return tokenizer
-
-
 def agreement(ours, hf, text: str) -> tuple[bool, bool]:
     """(same merges in the same order, same tokens for ``text``)."""
-    from course_lib.bpe import bytes_to_unicode
+    from course_lib.instruments.hf_bpe import hf_merges, our_merges, printable
 
-    char = bytes_to_unicode()
-
-    def printable(token: bytes) -> str:
-        return "".join(char[b] for b in token)
-
-    hf_merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
-                 for m in json.loads(hf.to_str())["model"]["merges"]]
-    same_merges = [(printable(a), printable(b)) for a, b in ours.merges] == hf_merges
+    same_merges = our_merges(ours) == hf_merges(hf)
     same_tokens = [printable(ours.vocab[i]) for i in ours.encode(text)] == hf.encode(text).tokens
     return same_merges, same_tokens
 
@@ -79,12 +58,13 @@ def main(argv: list[str] | None = None) -> None:
     from course_lib.bpe import train_bpe
     from course_lib.corpus import shakespeare_text
     from course_lib.device import best_time
+    from course_lib.instruments.hf_bpe import hf_byte_level_bpe
 
     text = shakespeare_text(args.plays)
-    ours, hf = train_bpe(text, args.vocab), hf_tokenizer(text, args.vocab)
+    ours, hf = train_bpe(text, args.vocab), hf_byte_level_bpe([text], args.vocab)
     times = {
         "train": (best_time(lambda: train_bpe(text, args.vocab), repeat=args.repeat),
-                  best_time(lambda: hf_tokenizer(text, args.vocab), repeat=args.repeat)),
+                  best_time(lambda: hf_byte_level_bpe([text], args.vocab), repeat=args.repeat)),
         "encode": (best_time(lambda: ours.encode(text), repeat=args.repeat),
                    best_time(lambda: hf.encode(text), repeat=args.repeat)),
     }

@@ -41,6 +41,7 @@ Three folders, imported one way only (course -> instruments -> the model library
         divergence     the first submodule where two implementations of one network disagree
         gym            chapter 11's debugging gym: planted bugs and the measurements that find them
         viz            attention heatmaps, a real model's head view, the plot style, widgets
+        hf_bpe         Hugging Face tokenizers' byte-level BPE set up as bpe.train_bpe, to compare
         bert_app       load_pretrained_encoder: the bundled all-MiniLM-L6-v2 with its
                        tokenizer, encode(...), sentence embeddings, semantic search
     course/            the course machinery: graded checks, the exercise generator, the

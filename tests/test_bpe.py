@@ -2,14 +2,10 @@
 pre-tokenizer, trained on the same text): the same pieces, merges, vocabulary and segmentation;
 round trips on any Unicode text; special tokens kept whole; errors that name the argument.
 
-How the two are set up to agree: tokenizers' ByteLevel is built with ``add_prefix_space=False``
-(GPT-2 adds no space before the first word; the default True would), and its trainer gets
-``initial_alphabet=ByteLevel.alphabet()`` (all 256 bytes, as ours starts from; by default it
-would start from the bytes seen in the text), ``min_frequency`` 0 and no ``limit_alphabet``
-(its defaults). Token strings are compared through GPT-2's byte-to-character table. Ids are
-compared where they are meant to agree: merged tokens keep their order (tokenizers puts the
-special tokens first, ours last, so its ids are shifted by their number), and bytes are
-numbered by their value here, by their printable character there.
+How the two are set up to agree: see course_lib.instruments.hf_bpe. Ids are compared where
+they are meant to agree: merged tokens keep their order (tokenizers puts the special tokens
+first, ours last, so its ids are shifted by their number), and bytes are numbered by their
+value here, by their printable character there.
 
 The two regular-expression engines carry different Unicode versions: a character that only a
 recent Unicode assigns (e.g. U+0558, an Armenian letter since Unicode 16) is a letter for
@@ -19,63 +15,34 @@ texts compared here use long-standing characters.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from course_lib.bpe import (
     BPETokenizer,
-    bytes_to_unicode,
     merge_pair,
     most_frequent_pair,
     pretokenize,
     train_bpe,
 )
 from course_lib.corpus import shakespeare_text
+from course_lib.instruments.hf_bpe import (
+    BYTE_CHAR,
+    hf_merges,
+    hf_pieces,
+    our_merges,
+    printable,
+)
+from course_lib.instruments.hf_bpe import hf_byte_level_bpe as hf_tokenizer
 
 EOT = "<|endoftext|>"
-BYTE_CHAR = bytes_to_unicode()
 HAND_TEXT = (
     "It's 2024: naïve café-goers (and their 3 dogs) didn't pay £12.50 —\n"
     "they'll   pay 1,000,000 tomorrow!!  Ἀθῆναι, 北京市, Москва 🙂🙂 e\u0301tude\t\tend.\r\n"
     "  We've seen   it,\nI'm sure; you'd know.  \n\n"
 ) * 3
-
-
-def printable(token: bytes) -> str:
-    """A token as tokenizers writes it (GPT-2's printable characters)."""
-    return "".join(BYTE_CHAR[b] for b in token)
-
-
-def hf_tokenizer(texts: list[str], vocab_size: int, special_tokens=()) -> Tokenizer:
-    """tokenizers' byte-level BPE trained on ``texts`` (each a separate sequence)."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(texts, trainer)
-    return tokenizer
-
-
-def hf_merges(tokenizer: Tokenizer) -> list[tuple[str, str]]:
-    merges = json.loads(tokenizer.to_str())["model"]["merges"]
-    return [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges]
-
-
-def our_merges(tokenizer: BPETokenizer) -> list[tuple[str, str]]:
-    return [(printable(a), printable(b)) for a, b in tokenizer.merges]
-
-
-def hf_pieces(text: str) -> list[str]:
-    pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    return [piece for piece, _ in pre.pre_tokenize_str(text)]
 
 
 @pytest.fixture(scope="module")

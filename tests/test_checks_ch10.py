@@ -502,9 +502,10 @@ def test_longest_sequence_rejects_wrong_answers(name):
 # ---------------------------------------------------------------------- 10.5 find the bug
 
 
-def fixed_loop(q, k, v, block_size):
-    """The given function with the running sum rescaled too: the reference solution."""
-    row_max = torch.full((*q.shape[:-1], 1), float("-inf"))
+def fixed_loop(q, k, v, block_size, start_max=float("-inf")):
+    """The given function with the running sum rescaled too: the reference solution (with
+    ``start_max=0``, the running maximum started at 0 instead of -inf)."""
+    row_max = torch.full((*q.shape[:-1], 1), start_max)
     row_sum = torch.zeros((*q.shape[:-1], 1))
     out = torch.zeros((*q.shape[:-1], v.shape[-1]))
     for k_block, v_block in zip(k.split(block_size, -2), v.split(block_size, -2), strict=True):
@@ -563,18 +564,7 @@ def test_the_planted_bug_shows_only_when_the_scores_fall_far_between_blocks():
 
 def zero_start_loop(q, k, v, block_size):
     """fixed_loop with its running maximum started at 0: exact until exp underflows."""
-    row_max = torch.zeros((*q.shape[:-1], 1))
-    row_sum = torch.zeros((*q.shape[:-1], 1))
-    out = torch.zeros((*q.shape[:-1], v.shape[-1]))
-    for k_block, v_block in zip(k.split(block_size, -2), v.split(block_size, -2), strict=True):
-        scores = q @ k_block.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        new_max = torch.maximum(row_max, scores.amax(-1, keepdim=True))
-        correction = torch.exp(row_max - new_max)
-        p = torch.exp(scores - new_max)
-        row_sum = row_sum * correction + p.sum(-1, keepdim=True)
-        out = out * correction + p @ v_block
-        row_max = new_max
-    return out / row_sum
+    return fixed_loop(q, k, v, block_size, start_max=0.0)
 
 
 def test_a_running_maximum_started_at_0_fails_only_on_scores_below_minus_104():
