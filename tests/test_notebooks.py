@@ -175,3 +175,14 @@ def test_chapter_00s_time_table_matches_the_chapters():
         solution = ROOT / "solutions" / path.name
         exercise_minutes = sum(int(label.group(3)) for label in _exercise_labels(solution))
         assert rows[chapter] == (core, str(exercise_minutes)), f"chapter {chapter}'s row"
+
+
+@pytest.mark.parametrize("path", LECTURES + DEEPER + SOLUTIONS, ids=_ids(LECTURES + DEEPER + SOLUTIONS))
+def test_nbval_markers_stand_alone_on_their_line(path):
+    """nbval reads '# NBVAL_IGNORE_OUTPUT' only as a line of its own: with words after it the
+    cell's output is compared after all."""
+    bad = [i for i, c in enumerate(nbformat.read(path, as_version=4).cells)
+           if c.cell_type == "code" and any(
+               line.startswith("# NBVAL_") and len(line.split()) > 2
+               for line in c.source.splitlines())]
+    assert bad == [], f"cells {bad}: put the explanation on the next line"
