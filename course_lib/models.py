@@ -278,12 +278,10 @@ class DecoderLM(_Stack):
                 positions S .. S + T - 1, and the cache is extended with them in place (as
                 Hugging Face's ``DynamicCache``).
         """
-        check_decoder_inputs(self, ids, attention_mask, past_key_values, output_attentions)
+        check_decoder_inputs(self, ids, attention_mask, past_key_values, output_attentions,
+                             encoder_hidden_states, encoder_attention_mask)
         n_past = 0 if past_key_values is None else past_key_values.get_seq_length()
         x = self.embeddings(ids, offset=n_past)  # (B, T, D), positions n_past .. n_past + T - 1
-        if self.config.cross_attention or encoder_hidden_states is not None \
-                or encoder_attention_mask is not None:  # the encoder's output, as a block sees it
-            check_block_inputs(self.blocks[0], x, encoder_hidden_states, encoder_attention_mask)
         padding = _padding(attention_mask, ids, self.config.pad_id)  # (B, n_past + T) or None
         encoder_padding = _padding(encoder_attention_mask, ids, None)  # (B, S) or None
         attn_bias = self.alibi(ids.shape[1], ids.device, n_past)  # (H, T, n_past + T) or None
@@ -482,9 +480,10 @@ def check_encoder_inputs(model: Encoder, ids: object, attention_mask: object,
 
 
 def check_decoder_inputs(model: DecoderLM, ids: object, attention_mask: object,
-                         cache: object, output_attentions: object) -> None:
-    """What :meth:`DecoderLM.forward` takes besides the encoder's output (checked by the
-    first block) and the targets (checked by :func:`lm_loss`)."""
+                         cache: object, output_attentions: object,
+                         encoder_hidden_states: object, encoder_attention_mask: object) -> None:
+    """What :meth:`DecoderLM.forward` takes besides the targets (checked by :func:`lm_loss`);
+    the encoder's output as the first block will see it."""
     if not checks_wanted():
         return
     config = model.config
@@ -501,6 +500,11 @@ def check_decoder_inputs(model: DecoderLM, ids: object, attention_mask: object,
     if n_past and attention_mask is None and config.pad_id is not None:
         shape = (ids.shape[0], n_past + ids.shape[1])  # which cached tokens were padding?
         raise ValueError(f"pad_id is set and the cache is not empty: pass attention_mask {shape}")
+    if config.cross_attention or encoder_hidden_states is not None \
+            or encoder_attention_mask is not None:
+        weight = model.embeddings.token.weight  # x as the blocks will get it, (B, T, D)
+        x = weight.new_zeros(()).expand(*ids.shape, config.d_model)
+        check_block_inputs(model.blocks[0], x, encoder_hidden_states, encoder_attention_mask)
 
 
 def check_targets(logits: torch.Tensor, targets: object) -> None:

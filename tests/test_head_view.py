@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -105,8 +106,10 @@ def test_layer_and_head_are_checked_at_the_boundary():
             view(toy_model, "a b c", layer=2)
         with pytest.raises(ValueError, match=r"head must be an integer in 0..2, got -4"):
             view(toy_model, "a b c", head=-4)
-        with pytest.raises(ValueError, match=r"head must be an integer in 0..2, got 1.0"):
+        with pytest.raises(TypeError, match=r"head must be an integer, got 1.0 \(float\)"):
             view(toy_model, "a b c", head=1.0)
+    head_view(toy_model, "a b c", layer=np.int64(1), head=np.int64(0))  # numpy ints accepted
+    plt.close("all")
     widget = head_view_widget(toy_model, "a b c", layer=-1, head=-1)  # from the end
     assert (widget.children[1].value, widget.children[2].value) == (1, 2)
     plt.close("all")

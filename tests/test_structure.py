@@ -141,3 +141,34 @@ def test_the_structure_checks_can_fail(tmp_path):
     assert _code_lines(function, fake.read_text().splitlines()) == 62
     fake.write_text("from ..course.checks import ch05\n")  # an instrument importing a check
     assert "course_lib.course.checks" in _imports(fake, "course_lib.instruments.fake")
+
+
+def _check_sites(function: ast.FunctionDef) -> list[int]:
+    """Indices of the top-level statements of ``function`` that call a check helper
+    (check_..., require_...), anywhere inside them."""
+    def calls_a_check(node: ast.AST) -> bool:
+        return any(isinstance(c, ast.Call)
+                   and getattr(c.func, "id", getattr(c.func, "attr", "")).lstrip("_")
+                   .startswith(("check_", "require_")) for c in ast.walk(node))
+    return [i for i, statement in enumerate(function.body) if calls_a_check(statement)]
+
+
+def _forwards() -> list[tuple[str, ast.FunctionDef]]:
+    found = []
+    for path in _library_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found += [(f"{_module_name(path)}.{node.name}", f) for f in node.body
+                          if isinstance(f, ast.FunctionDef) and f.name == "forward"]
+    return found
+
+
+def test_every_forward_checks_its_arguments_in_one_place():
+    """The maths below the checks reads like the notes: a forward's argument checks are one
+    run of statements at its boundary, not scattered between the steps."""
+    scattered = {name: sites for name, f in _forwards()
+                 if (sites := _check_sites(f)) and sites != list(range(sites[0], sites[-1] + 1))}
+    assert scattered == {}
+    fake = ast.parse("def forward(self, x):\n    check_x(x)\n    y = f(x)\n"
+                     "    if y:\n        require_y(y)\n    return y\n").body[0]
+    assert _check_sites(fake) == [0, 2]  # the test sees two sites

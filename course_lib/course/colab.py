@@ -42,8 +42,7 @@ _SETUP_TEMPLATE = '''\
 #@title Set-up: run this cell first (in Colab it installs course_lib) { display-mode: "form" }
 import sys
 
-IN_COLAB = "google.colab" in sys.modules
-if IN_COLAB:
+if "google.colab" in sys.modules:
     REPO_URL = "@REPO_URL@"
     if "/your-account/" not in REPO_URL:  # a published course: install from its repository
         %pip install --quiet "course_lib @ git+{REPO_URL}"
@@ -53,9 +52,9 @@ if IN_COLAB:
 
         def course_copies():  # folders holding course_lib/ and pyproject.toml, shallow first
             tops = ["", "*/", "*/*/", "drive/MyDrive/*/", "drive/MyDrive/*/*/"]
-            inits = [p for t in tops for p in glob.glob(f"/content/{t}course_lib/__init__.py")]
-            folders = [os.path.dirname(os.path.dirname(p)) for p in inits]
-            return [f for f in folders if os.path.isfile(f"{f}/pyproject.toml")]
+            found = [p[:-len("/course_lib/__init__.py")] for t in tops
+                     for p in glob.glob(f"/content/{t}course_lib/__init__.py")]
+            return [f for f in found if os.path.isfile(f"{f}/pyproject.toml")]
 
         if not course_copies():
             print("No copy of the course found: choose a zip of the course repository.")
@@ -68,12 +67,10 @@ if IN_COLAB:
             %pip install --quiet "{COURSE_DIR}"
             importlib.invalidate_caches()  # a plain install is importable without a restart
         else:
-            print(
-                "course_lib was NOT installed: no copy of the course repository was found.\\n"
-                "Run this cell again and upload a zip of the repository (on GitHub: Code >\\n"
-                "Download ZIP), or put its folder under /content or in your Google Drive\\n"
-                "(Files pane > Mount Drive), then run this cell again."
-            )
+            print("course_lib was NOT installed: no copy of the course repository was found. "
+                  "Run this cell again and upload a zip of the repository (on GitHub: Code > "
+                  "Download ZIP), or put its folder under /content or in your Drive (Files "
+                  "pane > Mount Drive) first.")
 %matplotlib inline'''
 
 

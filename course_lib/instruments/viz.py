@@ -13,6 +13,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 import torch
 
+from .._validate import require_int
+
 
 def use_course_style() -> None:
     """Set the course's matplotlib defaults and make inline figures reproducible.
@@ -250,7 +252,8 @@ def _encoder_fn(model: Any) -> AttentionFn:
 
 def _check_index(name: str, value: object, size: int) -> int:
     """A layer or head index in -size..size-1 (negative counts from the end), as 0..size-1."""
-    if isinstance(value, bool) or not isinstance(value, int) or not -size <= value < size:
+    value = require_int(name, value)
+    if not -size <= value < size:
         raise ValueError(f"{name} must be an integer in 0..{size - 1}, got {value!r}")
     return value % size
 
