@@ -47,7 +47,8 @@ from course_lib import (
     sliding_window_attention,
 )
 from course_lib.device import get_device, synchronize
-from course_lib.efficient import peak_memory, score_matrix_bytes
+from course_lib.efficient import score_matrix_bytes
+from course_lib.instruments.measure import peak_memory
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096])
     args = parser.parse_args(argv)
     from course_lib import best_time, sliding_window_attention
-    from course_lib.efficient import peak_memory, sliding_window_mask
+    from course_lib.efficient import sliding_window_mask
+    from course_lib.instruments.measure import peak_memory
 
     forms = {"per-query": lambda q, k, v: per_query_window_attention(q, k, v, args.window),
              "blockwise": lambda q, k, v: sliding_window_attention(q, k, v, window=args.window)}

@@ -17,7 +17,8 @@ The model library, bottom-up:
     models      Encoder, DecoderLM, EncoderDecoder, MaskedLM (BERT's masked-LM head), lm_loss,
                 parameter counts
     generation  sampling (temperature, top-k, top-p), generation loops
-    efficient   chunked (online-softmax), sliding-window and low-rank attention; peak memory
+    efficient   chunked (online-softmax), sliding-window and low-rank attention; the bytes of
+                a score matrix
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
     bpe         byte-level BPE: GPT-2's pre-tokenization, train_bpe (the same merges as Hugging
@@ -40,6 +41,7 @@ Three folders, imported one way only (course -> instruments -> the model library
                        segments, its training log, the loss on each half
         divergence     the first submodule where two implementations of one network disagree
         gym            chapter 11's debugging gym: planted bugs and the measurements that find them
+        measure        the attention kernel a call reached (kernel_used), peak tensor memory
         viz            attention heatmaps, a real model's head view, the plot style, widgets
         hf_bpe         Hugging Face tokenizers' byte-level BPE set up as bpe.train_bpe, to compare
         bert_app       load_pretrained_encoder: the bundled all-MiniLM-L6-v2 with its

@@ -293,6 +293,16 @@ def require_callable(name: str, fn: object, expected: str, hint: str = "", *,
     return fn
 
 
+def require_instance(name: str, value: object, types: type | tuple[type, ...],
+                     expected: str) -> object:
+    """``value``, if it is an instance of ``types``; ``expected`` says what it should be."""
+    if not isinstance(value, types):
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+        shown = shown.replace("\n", " ")
+        raise TypeError(f"{name} must be {expected}, got {shown} ({type(value).__name__})")
+    return value
+
+
 def require_generator(name: str, generator: object) -> torch.Generator | None:
     """``generator``, if it is None or a ``torch.Generator``."""
     if generator is not None and not isinstance(generator, torch.Generator):

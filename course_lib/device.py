@@ -16,6 +16,7 @@ from ._validate import (
     check_positive_ints,
     checks_wanted,
     require_callable,
+    require_instance,
     require_int,
     require_positive_int,
 )
@@ -112,9 +113,7 @@ def num_threads(n: int | None) -> Iterator[None]:
 
 def check_device(name: str, value: object, *, available: bool = False) -> torch.device:
     """``value`` as a torch.device, which ``available`` requires on this machine."""
-    if not isinstance(value, str | torch.device):
-        raise TypeError(f"{name} must be a device name such as 'cuda' or a torch.device, got "
-                        f"{value!r} ({type(value).__name__})")
+    require_instance(name, value, (str, torch.device), "a device name ('cuda') or a torch.device")
     try:
         device = torch.device(value)
     except RuntimeError:  # not a device name

@@ -11,8 +11,9 @@ Exact attention builds a (T, S) score matrix per example and head: time and memo
   (:func:`sliding_window_mask`), computing only the band: O(n W).
 * :func:`low_rank_attention` (Linformer): keys and values projected to R rows: O(n R), approximate.
 
-The cost is measured by :func:`score_matrix_bytes` (arithmetic) and :func:`peak_memory` (any
-device). Masks are True = may attend; a query with no allowed key gets a zero output.
+The cost is counted by :func:`score_matrix_bytes` (arithmetic) and measured by the instrument
+:func:`course_lib.instruments.measure.peak_memory` (any device). Masks are True = may attend; a
+query with no allowed key gets a zero output.
 ``is_causal`` is lower-right aligned: the T queries are the *last* T of S positions, as in
 :func:`course_lib.causal_mask` and Hugging Face (``F.scaled_dot_product_attention`` aligns
 top-left when T != S; for T == S they agree).
@@ -21,20 +22,15 @@ top-left when T != S; for T == S they agree).
 from __future__ import annotations
 
 import math
-import weakref
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._validate import (
     check_bools,
     check_positive_ints,
     checks_wanted,
-    require_callable,
     require_dtype_of,
     require_float_dtype,
     require_floating,
@@ -54,97 +50,6 @@ def score_matrix_bytes(batch: int, heads: int, n_queries: int, n_keys: int | Non
     check_positive_ints(batch=batch, heads=heads, n_queries=n_queries, n_keys=n_keys)
     require_float_dtype("dtype", dtype)
     return batch * heads * n_queries * n_keys * dtype.itemsize
-
-
-class _OperatorNames(TorchDispatchMode):
-    """Records the name of every low-level operator that runs while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
-
-
-def kernel_used(fn: Callable[[], Any]) -> str:
-    """Which attention kernel a call runs: the name of the fused ``scaled_dot_product``
-    operator it reached (e.g. ``_scaled_dot_product_flash_attention_for_cpu``), or
-    ``"math path: op, op, ..."`` with the operators it ran instead. Every operator inside ``fn``
-    is seen by a ``TorchDispatchMode``, the hook :func:`peak_memory` uses too.
-
-    Args:
-        fn: a function with no arguments, e.g. ``lambda: F.scaled_dot_product_attention(q, k, v)``.
-    """
-    require_callable("fn", fn, "a function with no arguments", "wrap the call in a lambda")
-    with _OperatorNames() as ops:
-        fn()
-    fused = [name for name in ops.names if "scaled_dot_product" in name]
-    return fused[0] if fused else f"math path: {', '.join(dict.fromkeys(ops.names))}"
-
-
-class _TensorMemory(TorchDispatchMode):
-    """Adds up the bytes of every storage created by an operator while active, and subtracts
-    them again when the storage is freed; keeps the largest total seen."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self._alive: dict[int, weakref.ref] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {_storage_key(t) for t in pytree.tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and _storage_key(t) not in inputs:
-                self._track(t)  # a new allocation; views and in-place results are not
-        return out
-
-    def _track(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        key, size = storage._cdata, storage.nbytes()
-        if key not in self._alive:
-            self.live += size
-            self.peak = max(self.peak, self.live)
-            self._alive[key] = weakref.ref(storage, lambda _, k=key, n=size: self._free(k, n))
-
-    def _free(self, key: int, size: int) -> None:
-        self.live -= size
-        self._alive.pop(key, None)
-
-
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):  # tensors without a storage (e.g. sparse)
-        return None
-
-
-def peak_memory(fn: Callable[[], Any]) -> int:
-    """Bytes of tensor memory that ``fn()`` allocates and holds at its peak, on any device.
-
-    Every operator inside ``fn`` is intercepted (a ``TorchDispatchMode``): each new tensor
-    storage adds its size, its release subtracts it; the result is the largest total beyond
-    what existed before (inputs, views of them and in-place results are not counted). Exact,
-    repeatable, and it works on the ``meta`` device. It does not see scratch memory inside one
-    kernel (a fused kernel's buffers, a matmul's workspace), the allocator's rounding and
-    caching, or storages grown in place (``out=``, ``resize_``).
-
-    Args:
-        fn: no arguments, e.g. ``lambda: attention(q, k, v)``; its result counts while alive
-            inside ``fn``.
-
-    Returns:
-        Peak bytes, an int.
-    """
-    require_callable("fn", fn, "a function with no arguments", "wrap the call in a lambda")
-    tracker = _TensorMemory()
-    with tracker:
-        result = fn()
-        del result
-    return tracker.peak
 
 
 # ------------------------------------------------------------------------------ online softmax

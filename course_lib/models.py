@@ -22,6 +22,7 @@ from ._validate import (
     check_token_ids,
     checks_wanted,
     inputs_checked,
+    require_instance,
     require_integer_tensor,
     require_padding_mask,
     require_size,
@@ -435,8 +436,7 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def check_config(config: object, expected: type) -> None:
     """Raise ``TypeError`` unless ``config`` is an ``expected``."""
-    if not isinstance(config, expected):
-        raise TypeError(f"config must be a {expected.__name__}, got {type(config).__name__}")
+    require_instance("config", config, expected, f"a {expected.__name__}")
 
 
 def check_sequence(config: TransformerConfig, ids: object, attention_mask: object,

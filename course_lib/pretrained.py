@@ -33,6 +33,7 @@ from ._validate import (
     checks_wanted,
     require_bool,
     require_floating,
+    require_instance,
     require_int,
     require_ndim,
     require_padding_mask,
@@ -438,8 +439,7 @@ def check_bert_config(config: object, source: str) -> None:
     """config.json must describe a BERT encoder: every size an integer, known activation."""
     if not checks_wanted():
         return
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a dict (parsed config.json), got {type(config).__name__}")
+    require_instance("config", config, Mapping, "a dict (parsed config.json)")
     missing = [k for k in [*BERT_SIZES, "model_type", "hidden_act", "layer_norm_eps"]
                if k not in config]
     if missing:
@@ -480,8 +480,7 @@ def check_llama_config(config: object, source: str) -> None:
     SiLU, no biases, plain RoPE, head_dim = hidden_size / num_attention_heads."""
     if not checks_wanted():
         return
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a dict (parsed config.json), got {type(config).__name__}")
+    require_instance("config", config, Mapping, "a dict (parsed config.json)")
     for key in LLAMA_SIZES:
         require_int(f"{source}: {key!r}", config.get(key), minimum=1)
     require_positive_number(f"{source}: 'rms_norm_eps'", config.get("rms_norm_eps"))

@@ -41,6 +41,7 @@ from ._validate import (
     checks_wanted,
     require_callable,
     require_generator,
+    require_instance,
     require_int,
     require_non_negative_int,
     require_non_negative_number,
@@ -543,8 +544,7 @@ def check_train_config(c: TrainConfig) -> None:
 
 
 def check_model(model: object) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module with trainable parameters, got {model!r:.40}")
+    require_instance("model", model, nn.Module, "an nn.Module with trainable parameters")
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("model has no trainable parameters (requires_grad=True) to train")
 
@@ -555,8 +555,8 @@ def check_training(model: object, config: object = None, *, iters: object = 1,
     if not checks_wanted():
         return
     check_model(model)
-    if config is not None and not isinstance(config, TrainConfig):
-        raise TypeError(f"config must be a TrainConfig(...), got {type(config).__name__}")
+    if config is not None:
+        require_instance("config", config, TrainConfig, "a TrainConfig(...)")
     check_positive_ints(iters=iters)
     check_bools(progress=progress)
     for name, fn in functions.items():
@@ -569,9 +569,8 @@ def check_training(model: object, config: object = None, *, iters: object = 1,
 def check_checkpointing(checkpoint: object, resume: object) -> None:
     """train's ``checkpoint`` (None or a path) and ``resume`` (a bool that needs a path)."""
     check_bools(resume=resume)
-    if checkpoint is not None and not isinstance(checkpoint, str | os.PathLike):
-        raise TypeError(f"checkpoint must be a file path (str or Path) or None, got "
-                        f"{checkpoint!r:.40}")
+    if checkpoint is not None:
+        require_instance("checkpoint", checkpoint, (str, os.PathLike), "a file path (str or Path)")
     if resume and checkpoint is None:
         raise ValueError("resume=True needs the file to resume from: checkpoint='run.pt'")
 
@@ -579,16 +578,14 @@ def check_checkpointing(checkpoint: object, resume: object) -> None:
 def check_checkpoint(path: object, model: object, optimizer: object,
                      generators: object) -> None:
     """save_checkpoint's and load_checkpoint's arguments."""
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"path must be a file path (str or Path), got {path!r:.40}")
+    require_instance("path", path, (str, os.PathLike), "a file path (str or Path)")
     check_model(model)
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {optimizer!r:.40}")
+    if optimizer is not None:
+        require_instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
     if isinstance(generators, torch.Generator) or not isinstance(generators, Sequence):
         raise TypeError(f"generators must be a list of torch.Generator, got {generators!r:.40}")
     for i, generator in enumerate(generators):
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generators[{i}] must be a torch.Generator, got {generator!r:.40}")
+        require_instance(f"generators[{i}]", generator, torch.Generator, "a torch.Generator")
 
 
 def check_resumable(path: object, state: Mapping, generators: Sequence | None,

@@ -18,14 +18,13 @@ from torch.profiler import ProfilerActivity, profile
 from course_lib import chunked_attention, sliding_window_attention
 from course_lib.attention import scaled_dot_product_attention
 from course_lib.efficient import (
-    kernel_used,
     low_rank_attention,
     online_softmax_stats,
     online_softmax_step,
-    peak_memory,
     score_matrix_bytes,
     sliding_window_mask,
 )
+from course_lib.instruments.measure import kernel_used, peak_memory
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

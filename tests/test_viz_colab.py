@@ -81,7 +81,8 @@ def test_setup_cell_sync(tmp_path):
 
 def test_setup_cell_keeps_colabs_torch():
     assert "%pip install" in colab.SETUP_CELL and "torch" not in colab.SETUP_CELL.split("%pip")[1]
-    assert colab.REPO_URL in colab.SETUP_CELL and "if IN_COLAB:" in colab.SETUP_CELL
+    assert colab.REPO_URL in colab.SETUP_CELL
+    assert 'if "google.colab" in sys.modules:' in colab.SETUP_CELL
 
 
 class _FakeIPython:
