@@ -42,6 +42,8 @@ Three folders, imported one way only (course -> instruments -> the model library
         divergence     the first submodule where two implementations of one network disagree
         gym            chapter 11's debugging gym: planted bugs and the measurements that find them
         measure        the attention kernel a call reached (kernel_used), peak tensor memory
+        tokens         chapter 13's tokens in colour (show_tokens, token_widget), bits per
+                       character, one decoder trained on a vocabulary at equal compute
         viz            attention heatmaps, a real model's head view, the plot style, widgets
         hf_bpe         Hugging Face tokenizers' byte-level BPE set up as bpe.train_bpe, to compare
         bert_app       load_pretrained_encoder: the bundled all-MiniLM-L6-v2 with its

@@ -12,7 +12,8 @@ LIB = Path(__file__).resolve().parents[1] / "course_lib"
 DATA_MODULES = {"bpe", "corpus", "tokenizer", "tasks", "metrics"}
 MODEL_MODULES = {"attention", "blocks", "cache", "configs", "generation", "layers", "models",
                  "positions", "rnn", "pretrained", "train"}
-INSTRUMENTS = {"bert_app", "divergence", "gym", "induction", "measure", "probes", "viz"}  # not lessons
+INSTRUMENTS = {"bert_app", "divergence", "gym", "hf_bpe", "induction", "measure", "probes",
+               "tokens", "viz"}  # not lessons
 MAX_CODE_LINES = 60
 
 
