@@ -33,23 +33,8 @@ The model library, bottom-up:
 
 Three folders, imported one way only (course -> instruments -> the model library):
     (this folder)      the model library above: what the lessons build
-    instruments/       tools that measure a model, not lessons:
-        probes         black-box tests of which outputs depend on which inputs (future leaks),
-                       head ablation, per-layer gradient norms, head roles, previous-token
-                       and induction scores, a head's path into one later layer, logit lens
-        induction      chapter 11's recipe: an attention-only model trained on repeated
-                       segments, its training log, the loss on each half
-        divergence     the first submodule where two implementations of one network disagree
-        gym            chapter 11's debugging gym: planted bugs and the measurements that find them
-        measure        the attention kernel a call reached (kernel_used), peak tensor memory
-        tokens         chapter 13's tokens in colour (show_tokens, token_widget), bits per
-                       character, one decoder trained on a vocabulary at equal compute
-        viz            attention heatmaps, a real model's head view, the plot style, widgets
-        hf_bpe         Hugging Face tokenizers' byte-level BPE set up as bpe.train_bpe, to compare
-        bert_app       load_pretrained_encoder: the bundled all-MiniLM-L6-v2 with its
-                       tokenizer, encode(...), sentence embeddings, semantic search
-    course/            the course machinery: graded checks, the exercise generator, the
-                       grader, the Colab set-up cell, claims, the pytest plugin
+    instruments/       tools that measure a model, not lessons (listed in its __init__)
+    course/            the course machinery: checks, exercises, grader, Colab set-up, claims
 
 The heavier modules (corpus, train, pretrained, the instruments) are imported on demand:
 ``from course_lib.instruments.bert_app import load_pretrained_encoder``.
