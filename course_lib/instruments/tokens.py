@@ -5,7 +5,7 @@
   characters as ``<0xE2>``).
 - :func:`bits_per_character` scores a language model on raw text in a unit that does not
   depend on its vocabulary: loss per token is not comparable between a byte model (a token is
-  a character) and a BPE model (a token is about four), bits per character is.
+  a character) and a BPE model (a token is two to four), bits per character is.
 - :func:`equal_compute_run` trains a fresh :class:`~course_lib.DecoderLM` on one tokenization
   of a text for a given number of updates and measures it (:class:`TokenRun`).
 
