@@ -294,20 +294,22 @@ def require_callable(name: str, fn: object, expected: str, hint: str = "", *,
 
 
 def require_instance(name: str, value: object, types: type | tuple[type, ...],
-                     expected: str) -> object:
-    """``value``, if it is an instance of ``types``; ``expected`` says what it should be."""
+                     expected: str, hint: str = "") -> object:
+    """``value``, if it is an instance of ``types``; ``expected`` says what it should be,
+    ``hint`` how to get one."""
     if not isinstance(value, types):
         shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
         shown = shown.replace("\n", " ")
-        raise TypeError(f"{name} must be {expected}, got {shown} ({type(value).__name__})")
+        hint = f"; {hint}" if hint else ""
+        raise TypeError(f"{name} must be {expected}, got {shown} ({type(value).__name__}){hint}")
     return value
 
 
 def require_generator(name: str, generator: object) -> torch.Generator | None:
     """``generator``, if it is None or a ``torch.Generator``."""
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"{name} must be a torch.Generator or None, got {generator!r:.40}; "
-                        "for a seed s pass torch.Generator().manual_seed(s)")
+    if generator is not None:
+        require_instance(name, generator, torch.Generator, "a torch.Generator or None",
+                         "for a seed s pass torch.Generator().manual_seed(s)")
     return generator
 
 
