@@ -62,7 +62,11 @@ def test_without_the_plugin_the_flood_loses_the_end_of_the_cell(flood):
 
 # --- rounding is not a difference: floats may differ by one unit of their last printed digit
 
-from course_lib.course.pytest_plugin import last_digit_unit, within_rounding  # noqa: E402
+from course_lib.course.pytest_plugin import (  # noqa: E402
+    kernel_threads,
+    last_digit_unit,
+    within_rounding,
+)
 
 
 @pytest.mark.parametrize("number, unit", [("0.9129", 1e-4), ("2.4e-07", 1e-8), ("12.", 1.0),
@@ -114,3 +118,15 @@ def test_nbval_still_fails_a_real_difference(tmp_path):
     result = _run_cell_against_stored(tmp_path, "mean 0.9129", "mean 0.9131")
     assert result.returncode == 1
     assert "0.9129" in result.stdout  # the report shows the stored output
+
+
+@pytest.mark.parametrize("workers, requested, cores, expected", [
+    (2, "1", 2, "1"),      # the README's command: one thread each, unchanged
+    (2, None, 8, "4"),     # unset means every core: 2 x 8 on 8 cores becomes 2 x 4
+    (2, "2", 2, "1"),      # two workers of two threads on two cores: oversubscribed
+    (1, None, 2, None),    # one kernel may use every core: left unset
+    (4, "8", 2, "1"),      # never below one
+    (2, "x", 16, "8"),     # not a number: treated as unset
+])
+def test_kernels_never_ask_for_more_threads_than_cores(workers, requested, cores, expected):
+    assert kernel_threads(workers, requested, cores) == expected

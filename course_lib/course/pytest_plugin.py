@@ -2,7 +2,7 @@
 
 pytest loads it by itself wherever course_lib is installed (the ``pytest11`` entry point in
 pyproject.toml), so it applies to ``pytest`` and to ``pytest notebooks/09_training.ipynb`` alike.
-It does three things, and nothing when nbval is not in use:
+It does these things, and nothing when nbval is not in use:
 
 1. **No lost messages.** nbval sends a cell to the kernel, waits for the reply, and only then
    reads the cell's messages (outputs, then the "idle" status that ends the cell). Until then
@@ -24,7 +24,13 @@ It does three things, and nothing when nbval is not in use:
 4. **Notebooks run on the CPU** (``COURSE_DEVICE=cpu`` unless the environment sets it), where
    the stored outputs were made: a GPU sizes some demos up. ``COURSE_DEVICE=cuda pytest
    --nbval-lax ...`` runs them on a GPU and checks the claims, not the outputs.
-5. **Where the time goes.** The sanitize file is found from the repository root, and the
+5. **No more threads than cores.** With ``pytest -n N`` each worker's kernel would use
+   ``OMP_NUM_THREADS`` threads (all the cores when unset); N kernels then share the cores
+   N times over, and threads that wait for one another on a shared core slowed a training cell
+   five-fold, past the cell time limit (two workers of two threads on two cores). When the
+   workers' threads would exceed the cores, each kernel gets ``cores // N`` (at least 1).
+   The README's command already asks for one (pytest-env); this holds without it too.
+6. **Where the time goes.** The sanitize file is found from the repository root, and the
    terminal summary lists each notebook's execution time (kernel start-up included).
 """
 
@@ -151,12 +157,26 @@ class NotebookTimes:
             terminalreporter.write_line(f"{seconds:7.1f} s  {path}")
 
 
+def kernel_threads(workers: int, requested: str | None, cores: int) -> str | None:
+    """``OMP_NUM_THREADS`` for each of ``workers`` kernels on ``cores`` cores, given what the
+    environment asks (None: unset, i.e. every core): unchanged unless the kernels together
+    would run more threads than there are cores, then ``cores // workers`` (at least 1)."""
+    wanted = int(requested) if requested and requested.isdigit() else cores
+    if workers * wanted <= cores:
+        return requested
+    return str(max(1, cores // workers))
+
+
 def pytest_configure(config):
     if not config.pluginmanager.hasplugin("nbval"):
         return
     _unbounded_iopub()
     _compare_within_rounding()
     os.environ.setdefault("COURSE_DEVICE", "cpu")  # the kernels nbval starts inherit it
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in each xdist worker
+    threads = kernel_threads(workers, os.environ.get("OMP_NUM_THREADS"), os.cpu_count() or 1)
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = threads
     # nbval reads the sanitize file relative to the current directory: anchor it at the root
     path = getattr(config.option, "nbval_sanitize_with", None)
     if path and not os.path.isabs(path):
