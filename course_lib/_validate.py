@@ -320,11 +320,8 @@ def check_token_ids(name: str, ids: object, vocab_size: int) -> None:
     """``ids`` must be a non-empty (B, T) integer tensor of ids below ``vocab_size``."""
     require_ndim(name, ids, (2,), f"(B, T) of token ids (for one sequence use {name}[None])")
     require_integer_tensor(name, ids, "token ids")
-    if ids.shape[0] == 0:
-        raise ValueError(f"{name} is an empty batch (shape {shape_of(ids)}): give at least one "
-                         "sequence")
-    if ids.shape[1] == 0:
-        raise ValueError(f"{name} is empty (shape {shape_of(ids)}): give at least one token")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {shape_of(ids)}): give one or more tokens")
     if values_checked(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(f"{name} holds ids {int(ids.min())}..{int(ids.max())}; valid ids are "
                          f"0..{vocab_size - 1} (vocab_size={vocab_size})")
@@ -353,27 +350,3 @@ def check_id_list(
     elif isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
         raise TypeError(f"{name} must be a list or 1-D tensor of ids, got {type(ids).__name__}")
     return [check_id(f"{name}[{i}]", idx, vocab_size, also=also) for i, idx in enumerate(ids)]
-
-
-def require_deterministic(name: str, model: torch.nn.Module) -> None:
-    """Refuse a model in training mode with dropout: every run differs, so nothing would agree
-    (the instruments that compare runs or read one pass need a deterministic model)."""
-    random_parts = [
-        f"{part or type(model).__name__} (p={p:g})" for part, module in model.named_modules()
-        if module.training and (p := _dropout_p(module)) > 0
-    ]
-    if random_parts:
-        raise ValueError(
-            f"{name} ({type(model).__name__}) is in training mode and has dropout: "
-            f"{', '.join(random_parts[:3])}{', ...' if len(random_parts) > 3 else ''}. Its "
-            f"outputs are random, so no two runs agree; call {name}.eval() first"
-        )
-
-
-def _dropout_p(module: torch.nn.Module) -> float:
-    """The dropout probability a module applies in training mode (0 if none): a dropout
-    layer's p, or an attention layer's float ``dropout`` (course_lib's MultiHeadAttention)."""
-    if isinstance(module, torch.nn.modules.dropout._DropoutNd):
-        return float(module.p)
-    p = getattr(module, "dropout", None)
-    return float(p) if isinstance(p, float) else 0.0

@@ -201,8 +201,7 @@ def check_feed_forward_width(ff: nn.Module | None, d_model: int) -> None:
     x + ff(x) adds tensors of one shape. (Checked on its first and last linear layers; None is
     an attention-only block.)"""
     linears = [m for m in ff.modules() if isinstance(m, nn.Linear)] if ff is not None else []
-    if linears and (linears[0].in_features, linears[-1].out_features) != (d_model, d_model):
-        raise ValueError(
-            f"block.ff maps {linears[0].in_features} features to {linears[-1].out_features}, but "
-            f"this block's x has D = {d_model}: a sublayer must map D features to D, so that the "
-            f"residual x + ff(x) adds two tensors of the same shape")
+    d_in, d_out = (linears[0].in_features, linears[-1].out_features) if linears else (d_model,) * 2
+    if (d_in, d_out) != (d_model, d_model):
+        raise ValueError(f"block.ff maps {d_in} features to {d_out}, but x has D = {d_model}: the "
+                         f"residual x + ff(x) needs a sublayer mapping D features to D")

@@ -13,6 +13,7 @@ from ._validate import (
     check_id,
     check_positive_ints,
     require_choice,
+    require_instance,
     require_non_negative_int,
     require_positive_number,
     require_probability,
@@ -136,9 +137,8 @@ class EncoderDecoderConfig:
 
     def __post_init__(self) -> None:
         enc, dec = self.encoder, self.decoder
-        if not (isinstance(enc, EncoderConfig) and isinstance(dec, DecoderConfig)):
-            raise TypeError("encoder and decoder must be an EncoderConfig and a DecoderConfig, got "
-                            f"{type(enc).__name__} and {type(dec).__name__}")
+        require_instance("encoder", enc, EncoderConfig, "an EncoderConfig")
+        require_instance("decoder", dec, DecoderConfig, "a DecoderConfig")
         if enc.d_model != dec.d_model:
             raise ValueError(f"encoder.d_model={enc.d_model} but decoder.d_model={dec.d_model}")
 

@@ -172,10 +172,10 @@ def _block_with_narrow_ffn():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: decoder()(ids(b=0)), ValueError, r"ids is an empty batch \(shape \(0, 4\)\)"),
-    (lambda: logit_lens(decoder(), ids(b=0)), ValueError, "ids is an empty batch"),
+    (lambda: decoder()(ids(b=0)), ValueError, r"ids is empty \(shape \(0, 4\)\)"),
+    (lambda: logit_lens(decoder(), ids(b=0)), ValueError, "ids is empty"),
     (lambda: mask_tokens(
-        ids(b=0), mask_id=1, vocab_size=10), ValueError, "ids is an empty batch"),
+        ids(b=0), mask_id=1, vocab_size=10), ValueError, "ids is empty"),
     (lambda: rope_half_to_interleaved(
         torch.randn(16, 16), 3), ValueError, "16 rows, which n_heads=3 heads cannot share"),
     (lambda: half_losses(

@@ -40,7 +40,6 @@ from .._validate import (
     require_bool_mask,
     require_callable,
     require_choice,
-    require_deterministic,
     require_finite,
     require_non_negative_number,
     shape_of,
@@ -49,6 +48,7 @@ from ..attention import MultiHeadAttention
 from ..blocks import DecoderBlock, EncoderBlock
 from ..layers import ACTIVATIONS, FeedForward, get_activation
 from ..models import Embeddings
+from ._checks import require_deterministic
 
 __all__ = ["MISTAKES", "Call", "Divergence", "DivergenceReport", "first_divergence",
            "inject_mistake", "record_calls"]

@@ -42,7 +42,6 @@ from torch import nn
 from .._validate import (
     require_bool,
     require_callable,
-    require_deterministic,
     require_finite,
     require_int,
     require_non_negative_number,
@@ -51,6 +50,7 @@ from .._validate import (
     shape_of,
 )
 from ..attention import MultiHeadAttention
+from ._checks import require_deterministic
 
 Probed = Callable[[torch.Tensor], torch.Tensor]
 
