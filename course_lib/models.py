@@ -277,7 +277,8 @@ class DecoderLM(_Stack):
             past_key_values: a :class:`~course_lib.cache.KVCache` holding the keys and
                 values of the S tokens before ``ids`` (empty at first): ``ids`` are taken as
                 positions S .. S + T - 1, and the cache is extended with them in place (as
-                Hugging Face's ``DynamicCache``).
+                Hugging Face's ``DynamicCache``, passed as ``past_key_values``, or ``cache`` in
+                recent transformers releases).
         """
         check_decoder_inputs(self, ids, attention_mask, past_key_values, output_attentions,
                              encoder_hidden_states, encoder_attention_mask)

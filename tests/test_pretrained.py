@@ -9,6 +9,7 @@ other logits; config_from_llama, llama_weight_map and load_llama_weights with th
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -436,13 +437,16 @@ def test_a_cached_step_and_the_cache_itself_match_hugging_faces():
     hf, ours = _llama_pair()
     ids = _ids(length=11)
     cache = KVCache()
+    # transformers 5.x renamed the argument and the output field past_key_values to cache
+    name = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     with torch.no_grad():
         theirs = hf(ids[:, :8], use_cache=True)
-        step = hf(ids[:, 8:], past_key_values=theirs.past_key_values, use_cache=True).logits
+        hf_cache = getattr(theirs, name)
+        step = hf(ids[:, 8:], **{name: hf_cache}, use_cache=True).logits
         ours(ids[:, :8], past_key_values=cache)
         torch.testing.assert_close(ours(ids[:, 8:], past_key_values=cache).logits, step,
                                    **LLAMA_TOL)
-    for layer, hf_layer in zip(cache.layers, theirs.past_key_values.layers, strict=True):
+    for layer, hf_layer in zip(cache.layers, hf_cache.layers, strict=True):
         assert layer.values.shape == (2, 2, 11, 16)  # (B, Hkv, S, Dh), before the repeat
         torch.testing.assert_close(layer.values, hf_layer.values, **LLAMA_TOL)
         # keys: the same numbers, with each head's dimensions in our RoPE pair order
