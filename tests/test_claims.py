@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -30,6 +31,24 @@ def test_a_claim_takes_a_one_element_bool_tensor():
 def test_a_claim_needs_one_truth_value(holds):
     with pytest.raises((TypeError, ValueError), match="holds"):
         claim("something", holds)
+
+
+@pytest.mark.parametrize("holds", [
+    torch.tensor(1.7),  # a loss passed instead of ``loss < 1``
+    torch.tensor(float("nan")),
+    (torch.tensor([1, 2, 3]) == torch.tensor([1, 0, 0])).sum(),  # 1 of 3 right, a count
+    torch.tensor([1]), 0.0, 1.0, np.float64(2.0), np.int64(1),
+])
+def test_a_number_is_not_a_truth_value(holds, capsys):
+    with pytest.raises(TypeError, match=r"holds must be True or False.*loss < 1"):
+        claim("every prediction is right", holds)
+    assert capsys.readouterr().out == ""  # nothing claimed
+
+
+def test_a_claim_takes_numpy_bools():
+    claim("numpy compares", np.float64(0.3) < 1.0)
+    with pytest.raises(ClaimError):
+        claim("numpy compares", np.array([1.0, 2.0]).max() < 1.0)
 
 
 def test_a_claim_needs_a_statement():
@@ -81,12 +100,45 @@ def test_compare_to_book_shows_both_and_flags_a_value_outside(capsys):
     (0.10751, ".3f", False),  # printed 0.108, the range's start
     (0.10749, ".3f", True),  # printed 0.107
     (0.2485, ".1%", False),  # printed 24.9%, the range 10.8% to 24.9%
-    (float("nan"), ".3f", True),
 ])
 def test_compare_to_book_judges_the_value_as_printed(capsys, value, fmt, outside):
     compare_to_book("gap", value, 0.108, 0.249 if fmt.endswith("%") else 0.124, over="5 seeds",
                     fmt=fmt)
     assert ("outside the book's range" in capsys.readouterr().out) is outside
+
+
+def test_compare_to_book_says_nan_is_nan(capsys):
+    compare_to_book("gap", float("nan"), 0.108, 0.124, over="5 seeds", fmt=".3f")
+    out = capsys.readouterr().out
+    assert "NaN" in out and "your machine or seed" not in out
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error", "names"), [
+    (("loss", [1.0, 2.0], 1.0, 2.0), {}, TypeError, "value"),
+    (("loss", np.array([1.0, 2.0]), 1.0, 2.0), {}, TypeError, "value"),
+    (("loss", torch.tensor([1.0, 2.0]), 1.0, 2.0), {}, ValueError, "value"),
+    (("loss", None, 1.0, 2.0), {}, TypeError, "value"),
+    ((1.97, "loss", 1.0, 2.0), {}, TypeError, "what"),  # what and value swapped
+    (("loss", 1.5, 1.0, 2.0), {"fmt": "d"}, ValueError, "fmt"),
+    (("loss", 1.5, "1", 2.0), {}, TypeError, "low"),
+])
+def test_compare_to_book_names_a_bad_argument(args, kwargs, error, names):
+    with pytest.raises(error, match=names):
+        compare_to_book(*args, over="5 seeds", **kwargs)
+
+
+@pytest.mark.parametrize(("a", "b", "names"), [
+    ([1.0, 2.0], torch.zeros(2), "a"), (torch.zeros(2), np.zeros(2), "b"),
+    (None, 1.0, "a"), (torch.tensor([True]), torch.tensor([True]), "a"),
+])
+def test_agree_names_a_bad_argument(a, b, names):
+    with pytest.raises(TypeError, match=names):
+        agree(a, b, atol=1e-6)
+
+
+def test_agree_says_which_side_holds_nan():
+    with pytest.raises(ClaimError, match=r"NaN \(a: 0, b: 1 NaN"):
+        agree(torch.zeros(3), torch.tensor([0.0, float("nan"), 0.0]), atol=1e-6)
 
 
 def test_every_call_is_logged_when_asked(tmp_path, monkeypatch):
