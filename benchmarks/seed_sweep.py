@@ -75,8 +75,8 @@ def report(results: list[tuple[int, list[dict], list[str]]]) -> bool:
                 books.setdefault(r["what"], {})[seed] = r["value"]
                 stated[r["what"]] = (r["low"], r["high"], r["over"])
             else:
-                agree = f"{r['what']} agree to < {r['atol']:g}"
-                key = r["statement"] if r["kind"] == "claim" else agree
+                key = (r["statement"] if r["kind"] == "claim" else
+                       f"{r['what']} agree to < {r['atol']:g}")
                 ok = r["holds"] if r["kind"] == "claim" else r["gap"] < r["atol"]
                 checks.setdefault(key, []).append(ok)
     width = max([len(w) for w in books] + [8])

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from course_lib._validate import inputs_checked, require_positive_number
+from course_lib._validate import require_positive_number
 from course_lib.train import (
     BatchFn,
     TrainConfig,
@@ -80,9 +80,10 @@ def train_for(
         _evaluate(model, history, 0, batches, config.eval_iters, clock)
         while step < planned and not out_of_time:
             started = time.perf_counter()
-            with inputs_checked():  # decay_iters may fall below warmup_iters: the cosine ends
-                lr = lr_schedule(step, lr=config.lr, min_lr=config.min_lr,
-                                 warmup_iters=config.warmup_iters, decay_iters=decay_iters)
+            # decay_iters may fall below warmup_iters: then the warm-up ends at min_lr
+            lr = lr_schedule(step, lr=config.lr, min_lr=config.min_lr,
+                             warmup_iters=config.warmup_iters,
+                             decay_iters=max(decay_iters, config.warmup_iters))
             for group in optimizer.param_groups:
                 group["lr"] = lr
             batch = {k: v.to(device) for k, v in train_batches().items()}

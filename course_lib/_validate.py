@@ -22,7 +22,9 @@ import contextvars
 import inspect
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import torch
 
@@ -32,6 +34,9 @@ _INPUTS_CHECKED = contextvars.ContextVar("course_lib_inputs_checked", default=Fa
 @contextlib.contextmanager
 def inputs_checked() -> Iterator[None]:
     """Within this block, course_lib's check helpers return at once: the caller checked."""
+    if torch.compiler.is_compiling():  # checks_wanted() is False anyway: nothing to set
+        yield
+        return
     token = _INPUTS_CHECKED.set(True)
     try:
         yield
@@ -40,7 +45,11 @@ def inputs_checked() -> Iterator[None]:
 
 
 def checks_wanted() -> bool:
-    """False inside :func:`inputs_checked`, i.e. when a library caller has checked already."""
+    """False inside :func:`inputs_checked`, i.e. when a library caller has checked already,
+    and while ``torch.compile`` traces a model: the eager call checks, the compiled graph holds
+    only the maths (a check that reads a value or a context variable would break the graph)."""
+    if torch.compiler.is_compiling():
+        return False
     return not _INPUTS_CHECKED.get()
 
 
@@ -97,6 +106,27 @@ def require_broadcastable(name: str, x: torch.Tensor, target: Sequence[int], exp
                          f"scores' shape {tuple(target)}; expected {expected}")
 
 
+def check_shapes(**specs: tuple[torch.Tensor | None, str]) -> None:
+    """Raise unless every tensor has the shape its legend spells, one size per letter across
+    all of them, e.g. ``check_shapes(W=(W, "H H"), x=(x, "B? T Din"))``. Letters ending in
+    ``?`` may all be missing (an unbatched input); None tensors are skipped. Name weights
+    first: a message then blames the input."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for name, (x, legend) in specs.items():
+        if x is None:
+            continue
+        full = [letter.rstrip("?") for letter in legend.split()]
+        short = [letter for letter in legend.split() if not letter.endswith("?")]
+        expected = " or ".join(dict.fromkeys(f"({', '.join(s)}{',' * (len(s) == 1)})"
+                                             for s in (full, short)))
+        require_ndim(name, x, (len(full), len(short)), expected)
+        for letter, size in zip(full if x.dim() == len(full) else short, x.shape, strict=True):
+            seen, where = sizes.setdefault(letter, (size, name))
+            if size != seen:
+                raise ValueError(f"{name} has shape {shape_of(x)}: {letter}={size}, but {where} "
+                                 f"has {letter}={seen} ({name} should be {expected})")
+
+
 def require_floating(name: str, x: torch.Tensor) -> None:
     """``x`` must hold floating-point numbers."""
     if not torch.is_floating_point(x):
@@ -148,8 +178,9 @@ def require_finite(name: str, x: torch.Tensor, why: str = "") -> None:
 
 def values_checked(t: torch.Tensor) -> bool:
     """Whether checks may read ``t``'s values: free on the CPU; on a GPU it would wait for every
-    queued kernel, so value checks are skipped there (shapes are always checked)."""
-    return t.device.type == "cpu"
+    queued kernel, so value checks are skipped there (shapes are always checked), and so they
+    are while ``torch.compile`` traces (reading a value breaks the graph)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 # ------------------------------------------------------------------------------------ masks
@@ -305,6 +336,20 @@ def require_instance(name: str, value: object, types: type | tuple[type, ...],
     return value
 
 
+def require_writable_file(name: str, path: str | os.PathLike) -> Path:
+    """``path`` as a Path, if it names a file that can be written: its folder exists and it is
+    not itself a folder. Nothing is created."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{name} must be a file path, got the folder {str(path)!r}: name a "
+                         f"file in it, e.g. {str(path / 'run.pt')!r}")
+    if not path.parent.is_dir():
+        raise ValueError(f"{name} must be a file path in an existing folder, got {str(path)!r} "
+                         f"but there is no folder {str(path.parent)!r}: create it first "
+                         "(Path(...).mkdir(parents=True))")
+    return path
+
+
 def require_generator(name: str, generator: object) -> torch.Generator | None:
     """``generator``, if it is None or a ``torch.Generator``."""
     if generator is not None:
@@ -327,7 +372,7 @@ def check_token_ids(name: str, ids: object, vocab_size: int) -> None:
                          f"0..{vocab_size - 1} (vocab_size={vocab_size})")
 
 
-def check_id(name: str, value: object, vocab_size: int, *, also: tuple[int, ...] = ()) -> int:
+def require_id(name: str, value: object, vocab_size: int, *, also: tuple[int, ...] = ()) -> int:
     """``value`` as an int, if it is an id 0..vocab_size-1 or one of ``also`` (e.g. -100)."""
     value = require_int(name, value)
     if not (0 <= value < vocab_size or value in also):
@@ -337,11 +382,11 @@ def check_id(name: str, value: object, vocab_size: int, *, also: tuple[int, ...]
     return value
 
 
-def check_id_list(
+def require_id_list(
     name: str, ids: object, vocab_size: int, *, also: tuple[int, ...] = ()
 ) -> list[int]:
     """``ids`` (a list of ints or a 0-D/1-D integer tensor) as a list of ints, each checked by
-    :func:`check_id`, so a wrong id fails naming it (a negative one does not count from the
+    :func:`require_id`, so a wrong id fails naming it (a negative one does not count from the
     end)."""
     if isinstance(ids, torch.Tensor):
         require_ndim(name, ids, (0, 1), "(T,) (one sequence at a time)")
@@ -349,4 +394,4 @@ def check_id_list(
         ids = ids.reshape(-1).tolist()
     elif isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
         raise TypeError(f"{name} must be a list or 1-D tensor of ids, got {type(ids).__name__}")
-    return [check_id(f"{name}[{i}]", idx, vocab_size, also=also) for i, idx in enumerate(ids)]
+    return [require_id(f"{name}[{i}]", idx, vocab_size, also=also) for i, idx in enumerate(ids)]

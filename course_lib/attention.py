@@ -23,7 +23,6 @@ from ._validate import (
     check_bools,
     check_positive_ints,
     checks_wanted,
-    inputs_checked,
     require_bool_mask,
     require_broadcastable,
     require_dtype_of,
@@ -41,7 +40,7 @@ from ._validate import (
     require_tensor,
     shape_of,
 )
-from .cache import LayerKVCache
+from .cache import LayerKVCache, check_fits
 from .positions import RotaryEmbedding
 
 
@@ -148,8 +147,7 @@ def padding_mask(
     Returns:
         Boolean (B, S); ``mask[:, None, None, :]`` broadcasts against scores (B, H, T, S).
     """
-    lengths = torch.as_tensor(lengths, device=device)
-    _check_padding(lengths, max_len)
+    lengths = require_lengths(lengths, max_len, device)  # (B,) integers
     if max_len is None:
         max_len = int(lengths.max()) if lengths.numel() else 0
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
@@ -252,6 +250,7 @@ class MultiHeadAttention(nn.Module):
         check_heads(d_model, n_heads, n_kv_heads)
         require_probability("dropout", dropout)
         check_bools(bias=bias, rope=rope)
+        require_positive_number("rope_theta", rope_theta)
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
@@ -302,33 +301,32 @@ class MultiHeadAttention(nn.Module):
         if unbatched:  # (T, D) -> (1, T, D)
             x, context = x[None], None if context is None else context[None]
             attention_mask = None if attention_mask is None else attention_mask[None]
-        with inputs_checked():  # what follows trusts the checks above
-            q, k, v = self._project(x, context)  # (B, T, D), (B, S, Hkv Dh), (B, S, Hkv Dh)
-            q = split_heads(q, self.n_heads)  # (B, H, T, Dh)
-            k = split_heads(k, self.n_kv_heads)  # (B, Hkv, S, Dh)
-            v = split_heads(v, self.n_kv_heads)  # (B, Hkv, S, Dh)
-            n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
-            if self.rotary is not None and context is None:  # positions after the cached ones
-                positions = torch.arange(n_past, n_past + q.shape[2], device=q.device)  # (T,)
-                q = self.rotary(q, positions=positions)
-                k = self.rotary(k, positions=positions)
-            if past_key_value is not None:  # the earlier positions' keys and values, then ours
-                k, v = past_key_value.update(k, v)  # (B, Hkv, S, Dh) each, cached before sharing
-            if self.n_kv_heads != self.n_heads:  # GQA: query head h reads kv head h // (H/Hkv)
-                group = self.n_heads // self.n_kv_heads  # query heads per key/value head
-                k = k.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
-                v = v.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
-            dropout_p = self.dropout if self.training else 0.0
-            if return_weights:  # softmax(q k^T / sqrt(Dh) + attn_bias) v, per head
-                keep = combine_masks(mask, attention_mask, is_causal, q.shape[2], k.shape[2],
-                                     x.device)
-                out, weights = scaled_dot_product_attention(
-                    q, k, v, mask=keep, attn_bias=attn_bias, dropout_p=dropout_p
-                )  # (B, H, T, Dh), (B, H, T, S)
-            else:
-                out, weights = _fused_attention(q, k, v, mask, attention_mask, attn_bias,
-                                                is_causal, dropout_p), None  # (B, H, T, Dh)
-            out = self.out_proj(merge_heads(out))  # (B, T, D)
+        q, k, v = self._project(x, context)  # (B, T, D), (B, S, Hkv Dh), (B, S, Hkv Dh)
+        q = split_heads(q, self.n_heads)  # (B, H, T, Dh)
+        k = split_heads(k, self.n_kv_heads)  # (B, Hkv, S, Dh)
+        v = split_heads(v, self.n_kv_heads)  # (B, Hkv, S, Dh)
+        n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
+        if self.rotary is not None and context is None:  # positions after the cached ones
+            positions = torch.arange(n_past, n_past + q.shape[2], device=q.device)  # (T,)
+            q = self.rotary(q, positions=positions)
+            k = self.rotary(k, positions=positions)
+        if past_key_value is not None:  # the earlier positions' keys and values, then ours
+            k, v = past_key_value.update(k, v)  # (B, Hkv, S, Dh) each, cached before sharing
+        if self.n_kv_heads != self.n_heads:  # GQA: query head h reads kv head h // (H/Hkv)
+            group = self.n_heads // self.n_kv_heads  # query heads per key/value head
+            k = k.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
+            v = v.repeat_interleave(group, dim=1)  # (B, Hkv, S, Dh) -> (B, H, S, Dh)
+        dropout_p = self.dropout if self.training else 0.0
+        if return_weights:  # softmax(q k^T / sqrt(Dh) + attn_bias) v, per head
+            keep = combine_masks(mask, attention_mask, is_causal, q.shape[2], k.shape[2],
+                                 x.device)
+            out, weights = scaled_dot_product_attention(
+                q, k, v, mask=keep, attn_bias=attn_bias, dropout_p=dropout_p
+            )  # (B, H, T, Dh), (B, H, T, S)
+        else:
+            out, weights = _fused_attention(q, k, v, mask, attention_mask, attn_bias,
+                                            is_causal, dropout_p), None  # (B, H, T, Dh)
+        out = self.out_proj(merge_heads(out))  # (B, T, D)
         if unbatched:
             return out[0], None if weights is None else weights[0]
         return out, weights
@@ -423,13 +421,20 @@ def _check_sdpa(q, k, v, mask, attn_bias, scale) -> None:
     _check_masks((*q.shape[:-1], k.shape[-2]), mask, attn_bias)
 
 
-def _check_padding(lengths: torch.Tensor, max_len: object) -> None:
+def require_lengths(lengths: object, max_len: object, device: object) -> torch.Tensor:
+    """``lengths`` as a (B,) integer tensor on ``device``, if every length is in 0..max_len."""
+    try:
+        lengths = torch.as_tensor(lengths, device=device)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"lengths must be B integers (a list or a tensor), got "
+                        f"{lengths!r}") from None
     if not checks_wanted():
-        return
+        return lengths
     require_integer_tensor("lengths", require_ndim("lengths", lengths, (1,), "(B,)"), "lengths")
     limit = math.inf if max_len is None else require_non_negative_int("max_len", max_len)
     if lengths.numel() and not 0 <= int(lengths.min()) <= int(lengths.max()) <= limit:
         raise ValueError(f"lengths must be >= 0 and <= max_len={max_len}, got {lengths.tolist()}")
+    return lengths
 
 
 def check_heads(d_model: object, n_heads: object, n_kv_heads: object = None) -> None:
@@ -471,9 +476,9 @@ def check_attention_inputs(
     context_name: str = "context",
 ) -> None:
     """The arguments of ``layer.forward``: shapes and dtypes only (no value is read, so this
-    costs nothing on a GPU). Blocks call it at their boundary (naming ``context`` as their
-    caller wrote it, ``context_name``), then run the layer inside
-    :func:`~course_lib._validate.inputs_checked`."""
+    costs nothing on a GPU). Blocks call it at their boundary too (naming ``context`` as their
+    caller wrote it, ``context_name``); inside a model's
+    :func:`~course_lib._validate.inputs_checked` it returns at once."""
     if not checks_wanted():
         return
     check_bools(is_causal=is_causal, return_weights=return_weights)
@@ -490,6 +495,9 @@ def check_attention_inputs(
     if past_key_value is not None and context is not None:
         raise ValueError("past_key_value caches self-attention; cross-attention takes none")
     batch = x.shape[0] if x.dim() == 3 else 1
+    if past_key_value is not None:
+        check_fits("past_key_value", past_key_value, batch, layer.n_kv_heads, layer.d_head,
+                   layer.d_head)
     n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
     n_keys = (x if context is None else context).shape[-2] + n_past
     _check_masks((batch, layer.n_heads, x.shape[-2], n_keys), mask, attn_bias)

@@ -22,7 +22,6 @@ from torch import nn
 from ._validate import (
     check_bools,
     checks_wanted,
-    inputs_checked,
     require_ndim,
     require_padding_mask,
     require_positive_number,
@@ -71,15 +70,14 @@ class EncoderBlock(nn.Module):
         kw = dict(mask=mask, attention_mask=attention_mask, attn_bias=attn_bias,
                   return_weights=return_weights)
         check_block_inputs(self, x, **kw)
-        with inputs_checked():  # the sublayers trust what was checked here
-            if self.norm_first:  # pre-norm: x + f(LN(x))
-                a, weights = self.self_attn(self.attn_norm(x), **kw)
-                x = x + self.dropout(a)
-                x = x + self.dropout(self.ff(self.ff_norm(x)))
-            else:  # post-norm: LN(x + f(x))
-                a, weights = self.self_attn(x, **kw)
-                x = self.attn_norm(x + self.dropout(a))
-                x = self.ff_norm(x + self.dropout(self.ff(x)))
+        if self.norm_first:  # pre-norm: x + f(LN(x))
+            a, weights = self.self_attn(self.attn_norm(x), **kw)
+            x = x + self.dropout(a)
+            x = x + self.dropout(self.ff(self.ff_norm(x)))
+        else:  # post-norm: LN(x + f(x))
+            a, weights = self.self_attn(x, **kw)
+            x = self.attn_norm(x + self.dropout(a))
+            x = self.ff_norm(x + self.dropout(self.ff(x)))
         return x, weights  # (B, T, D), (B, H, T, T) or None
 
 
@@ -148,24 +146,23 @@ class DecoderBlock(nn.Module):
         cross_kw = dict(attention_mask=encoder_attention_mask, return_weights=return_weights)
         check_block_inputs(self, x, encoder_hidden_states, encoder_attention_mask, **self_kw)
         cross_weights = None
-        with inputs_checked():  # the sublayers trust what was checked here
-            if self.norm_first:  # pre-norm: x + f(LN(x))
-                a, self_weights = self.self_attn(self.attn_norm(x), **self_kw)
-                x = x + self.dropout(a)
-                if self.cross_attn is not None:
-                    c, cross_weights = self.cross_attn(
-                        self.cross_attn_norm(x), encoder_hidden_states, **cross_kw)
-                    x = x + self.dropout(c)
-                if self.ff is not None:
-                    x = x + self.dropout(self.ff(self.ff_norm(x)))
-            else:  # post-norm: LN(x + f(x))
-                a, self_weights = self.self_attn(x, **self_kw)
-                x = self.attn_norm(x + self.dropout(a))
-                if self.cross_attn is not None:
-                    c, cross_weights = self.cross_attn(x, encoder_hidden_states, **cross_kw)
-                    x = self.cross_attn_norm(x + self.dropout(c))
-                if self.ff is not None:
-                    x = self.ff_norm(x + self.dropout(self.ff(x)))
+        if self.norm_first:  # pre-norm: x + f(LN(x))
+            a, self_weights = self.self_attn(self.attn_norm(x), **self_kw)
+            x = x + self.dropout(a)
+            if self.cross_attn is not None:
+                c, cross_weights = self.cross_attn(
+                    self.cross_attn_norm(x), encoder_hidden_states, **cross_kw)
+                x = x + self.dropout(c)
+            if self.ff is not None:
+                x = x + self.dropout(self.ff(self.ff_norm(x)))
+        else:  # post-norm: LN(x + f(x))
+            a, self_weights = self.self_attn(x, **self_kw)
+            x = self.attn_norm(x + self.dropout(a))
+            if self.cross_attn is not None:
+                c, cross_weights = self.cross_attn(x, encoder_hidden_states, **cross_kw)
+                x = self.cross_attn_norm(x + self.dropout(c))
+            if self.ff is not None:
+                x = self.ff_norm(x + self.dropout(self.ff(x)))
         return x, self_weights, cross_weights  # (B, T, D), (B, H, T, T), (B, H, T, S)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import require_ndim, require_non_negative_int, shape_of
+from ._validate import check_shapes, checks_wanted, require_ndim, require_non_negative_int
 
 
 class LayerKVCache:
@@ -36,23 +36,12 @@ class LayerKVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys and values, (B, H, T, Dh) each; return every position's,
         (B, H, S + T, Dh) each: what the new queries attend to."""
-        for name, states in (("key_states", key_states), ("value_states", value_states)):
-            require_ndim(name, states, (4,), "(B, H, T, Dh): split the heads before caching")
-        if key_states.shape[:3] != value_states.shape[:3]:
-            raise ValueError(f"key_states {shape_of(key_states)} and value_states "
-                             f"{shape_of(value_states)} must share (B, H, T)")
-        if self.keys is None:
+        check_update(self, key_states, value_states)
+        if self.keys is None:  # the first positions
             self.keys, self.values = key_states, value_states
-            return self.keys, self.values
-        b, h, _, d = self.keys.shape
-        new_b, new_h, _, new_d = key_states.shape
-        if (new_b, new_h, new_d) != (b, h, d):
-            other = ("another batch" if new_b != b else
-                     "a model with other heads or head widths")
-            raise ValueError(f"the KV cache holds keys (B, H, Dh) = {(b, h, d)}, the new ones "
-                             f"{shape_of(key_states)}: start a new KVCache() for {other}")
-        self.keys = torch.cat([self.keys, key_states], dim=-2)  # (B, H, S + T, Dh)
-        self.values = torch.cat([self.values, value_states], dim=-2)  # (B, H, S + T, Dh)
+        else:  # on the sequence axis
+            self.keys = torch.cat([self.keys, key_states], dim=-2)  # (B, H, S + T, Dh)
+            self.values = torch.cat([self.values, value_states], dim=-2)  # (B, H, S + T, Dh)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -98,3 +87,32 @@ class KVCache:
 
     def __repr__(self) -> str:
         return f"KVCache(layers={len(self.layers)}, seq_length={self.get_seq_length()})"
+
+
+# --- argument checks
+
+
+def check_update(cache: LayerKVCache, key_states: object, value_states: object) -> None:
+    """New keys and values of one (B, H, T), each as wide as the cached ones."""
+    if not checks_wanted():
+        return
+    for name, states in (("key_states", key_states), ("value_states", value_states)):
+        require_ndim(name, states, (4,), "(B, H, T, Dh): split the heads before caching")
+    check_shapes(key_states=(key_states, "B H T Dk"), value_states=(value_states, "B H T Dv"))
+    if cache.keys is not None:
+        check_fits("the cache", cache, *key_states.shape[:2], key_states.shape[3],
+                   value_states.shape[3])
+
+
+def check_fits(name: str, cache: LayerKVCache, batch: int, n_heads: int, d_key: int,
+               d_value: int) -> None:
+    """A cache that is not empty must hold keys and values of this batch and these heads
+    (``name`` is the cache as the learner passed it, e.g. ``past_key_values``)."""
+    if not checks_wanted() or cache.keys is None:
+        return
+    (b, h, _, dk), dv = cache.keys.shape, cache.values.shape[-1]
+    if (batch, n_heads, d_key, d_value) != (b, h, dk, dv):
+        other = "another batch" if batch != b else "a model with other heads or head widths"
+        raise ValueError(f"{name} holds keys and values of (B, H, Dh, Dv) = {(b, h, dk, dv)}, "
+                         f"this call's are {(batch, n_heads, d_key, d_value)}: start a new "
+                         f"KVCache() for {other}")

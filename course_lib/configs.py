@@ -10,9 +10,9 @@ import torch
 
 from ._validate import (
     check_bools,
-    check_id,
     check_positive_ints,
     require_choice,
+    require_id,
     require_instance,
     require_non_negative_int,
     require_positive_number,
@@ -66,7 +66,7 @@ class TransformerConfig:
         require_positive_number("layer_norm_eps", self.layer_norm_eps)
         check_bools(**{f.name: getattr(self, f.name) for f in fields(self) if f.type == "bool"})
         if self.pad_id is not None:
-            check_id("pad_id", self.pad_id, self.vocab_size)
+            require_id("pad_id", self.pad_id, self.vocab_size)
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ def get_device(prefer: str | torch.device | None = None) -> torch.device:
     ``COURSE_DEVICE`` forces one. Modules never pick a device (they follow their inputs): call
     this once and move the model and the data there.
     """
-    choice = prefer or os.environ.get("COURSE_DEVICE")
-    if choice:
-        return check_device("prefer" if prefer else "COURSE_DEVICE", choice, available=True)
+    forced = require_forced_device(prefer)
+    if forced is not None:
+        return forced
     devices = available_devices()  # the CPU, then CUDA, then MPS
     return devices[1] if len(devices) > 1 else devices[0]
 
@@ -55,7 +55,7 @@ def seed_everything(seed: int) -> None:
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait until the work queued on ``device`` (None: CUDA if in use, and MPS) has finished:
     GPU operations return once queued, so a clock read before then measures almost nothing."""
-    kind = None if device is None else check_device("device", device).type
+    kind = None if device is None else require_device("device", device).type
     if kind in (None, "cuda") and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
     if kind in (None, "mps") and torch.backends.mps.is_available():
@@ -99,9 +99,11 @@ def num_threads(n: int | None) -> Iterator[None]:
     """Run a block with ``n`` CPU threads for torch (None: unchanged), then restore the number:
     ``with num_threads(1): ...``. One thread adds float sums in the same order everywhere, so
     seeded results repeat."""
+    if n is not None:
+        require_positive_int("n", n)
     before = torch.get_num_threads()
     if n is not None:
-        torch.set_num_threads(require_positive_int("n", n))
+        torch.set_num_threads(n)
     try:
         yield
     finally:
@@ -111,7 +113,14 @@ def num_threads(n: int | None) -> Iterator[None]:
 # --- argument checks
 
 
-def check_device(name: str, value: object, *, available: bool = False) -> torch.device:
+def require_forced_device(prefer: object) -> torch.device | None:
+    """The available device ``prefer``, or else ``COURSE_DEVICE``, names (None: neither)."""
+    name, choice = ("prefer", prefer) if prefer is not None else (
+        "COURSE_DEVICE", os.environ.get("COURSE_DEVICE"))
+    return require_device(name, choice, available=True) if choice else None
+
+
+def require_device(name: str, value: object, *, available: bool = False) -> torch.device:
     """``value`` as a torch.device, which ``available`` requires on this machine."""
     require_instance(name, value, (str, torch.device), "a device name ('cuda') or a torch.device")
     try:

@@ -34,6 +34,7 @@ from ._validate import (
     require_dtype_of,
     require_float_dtype,
     require_floating,
+    require_instance,
     require_ndim,
     shape_of,
 )
@@ -90,18 +91,12 @@ def online_softmax_stats(blocks: Iterable[torch.Tensor]) -> tuple[torch.Tensor, 
     Returns:
         ``(row_max, row_sum)``, each (...).
     """
-    if isinstance(blocks, torch.Tensor):  # iterating it would take its rows for blocks
-        raise TypeError("blocks must be the row's pieces, a list of tensors, got one tensor "
-                        f"{shape_of(blocks)}: split it, e.g. list(x.split(4, dim=-1))")
-    row_max = row_sum = None
-    for i, block in enumerate(blocks):
-        _check_block(i, block, row_max)
-        if row_max is None:
-            row_max = block.new_full((*block.shape[:-1], 1), float("-inf"))  # (..., 1)
-            row_sum = block.new_zeros((*block.shape[:-1], 1))  # (..., 1)
+    blocks = require_blocks(blocks)
+    first = blocks[0]  # (..., b_0)
+    row_max = first.new_full((*first.shape[:-1], 1), float("-inf"))  # m_0 = -inf, (..., 1)
+    row_sum = first.new_zeros((*first.shape[:-1], 1))  # l_0 = 0, (..., 1)
+    for block in blocks:  # one step per block
         row_max, row_sum, _, _ = online_softmax_step(row_max, row_sum, block)
-    if row_max is None:
-        raise ValueError("blocks is empty; give at least one block of scores")
     return row_max.squeeze(-1), row_sum.squeeze(-1)  # (...), (...)
 
 
@@ -275,14 +270,22 @@ def low_rank_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, proj_k
 # ------------------------------------------------------------------------------ argument checks
 
 
-def _check_block(i: int, block: object, row_max: torch.Tensor | None) -> None:
-    """blocks[i]: floating (..., b), with the first block's leading dimensions."""
-    if not checks_wanted():
-        return
-    name = f"blocks[{i}]"
-    require_floating(name, require_ndim(name, block, range(1, 64), "(..., b)"))
-    if row_max is not None and block.shape[:-1] != row_max.shape[:-1]:
-        raise ValueError(f"{name} has shape {shape_of(block)}; expected (..., b) like blocks[0]")
+def require_blocks(blocks: object) -> list[torch.Tensor]:
+    """``blocks`` as a list, if it holds one or more floating (..., b) tensors with the first
+    block's leading dimensions."""
+    if isinstance(blocks, torch.Tensor):  # iterating it would take its rows for blocks
+        raise TypeError("blocks must be the row's pieces, a list of tensors, got one tensor "
+                        f"{shape_of(blocks)}: split it, e.g. list(x.split(4, dim=-1))")
+    blocks = list(require_instance("blocks", blocks, Iterable, "a list of tensors"))
+    if not blocks:
+        raise ValueError("blocks is empty; give at least one block of scores")
+    for i, block in enumerate(blocks):
+        name = f"blocks[{i}]"
+        require_floating(name, require_ndim(name, block, range(1, 64), "(..., b)"))
+        if block.shape[:-1] != blocks[0].shape[:-1]:
+            raise ValueError(f"{name} has shape {shape_of(block)}; expected (..., b) like "
+                             f"blocks[0] {shape_of(blocks[0])}")
+    return blocks
 
 
 def _check_blockwise(q, k, v, scale, is_causal, **sizes) -> None:

@@ -19,17 +19,19 @@ the window slides, every position shifts, and each step runs on the whole window
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
 from ._validate import (
     check_bools,
-    check_id,
     check_positive_ints,
     check_token_ids,
     checks_wanted,
     inputs_checked,
     require_generator,
+    require_id,
     require_ndim,
     require_non_negative_number,
     require_positive_int,
@@ -122,11 +124,11 @@ def generate(
     Returns:
         (B, T + max_new_tokens) token ids (or 1-D for a 1-D prompt).
     """
-    unbatched = isinstance(ids, torch.Tensor) and ids.dim() == 1
-    ids = ids[None] if unbatched else ids  # (B, T)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     check_generation(model, DecoderConfig, max_new_tokens, use_cache, **sampling)
-    check_token_ids("ids", ids, model.config.vocab_size)  # the prompt may exceed max_len
+    check_prompt(ids, model.config.vocab_size)  # the prompt may exceed max_len
+    unbatched = ids.dim() == 1
+    ids = ids[None] if unbatched else ids  # (B, T)
     max_len, pad_id = model.config.max_len, model.config.pad_id
     cache = KVCache() if use_cache else None
     was_training = model.training
@@ -186,11 +188,9 @@ def generate_seq2seq(
         filled with ``eos_id``).
     """
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-    check_generation(model, EncoderDecoderConfig, max_new_tokens, use_cache, **sampling)
+    check_generation(model, EncoderDecoderConfig, max_new_tokens, use_cache,
+                     special_ids={"bos_id": bos_id, "eos_id": eos_id}, **sampling)
     config = model.decoder.config
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if value is not None:
-            check_id(name, value, config.vocab_size)
     limit = min(max_new_tokens, config.max_len) if config.positions == "learned" else max_new_tokens
     was_training = model.training
     model.eval()
@@ -237,10 +237,16 @@ def check_sampling(temperature: object, top_k: object, top_p: object, generator:
         require_ndim("logits", logits, (2,), "(B, V)")
 
 
+def check_prompt(ids: object, vocab_size: int) -> None:
+    """ids: token ids (B, T), or (T,) for one prompt."""
+    one = isinstance(ids, torch.Tensor) and ids.dim() == 1
+    check_token_ids("ids", ids[None] if one else ids, vocab_size)
+
+
 def check_generation(model: object, config_type: type, max_new_tokens: object, use_cache: object,
-                     **sampling: object) -> None:
+                     special_ids: Mapping[str, object] | None = None, **sampling: object) -> None:
     """model's config is a ``config_type`` (a decoder without cross-attention for generate),
-    then the loop's options."""
+    then the loop's options and ``special_ids`` (name -> id or None) of its vocabulary."""
     config, name = getattr(model, "config", None), type(model).__name__
     if not isinstance(config, config_type):
         want, other = (("a DecoderLM", "generate_seq2seq") if config_type is DecoderConfig
@@ -252,3 +258,7 @@ def check_generation(model: object, config_type: type, max_new_tokens: object, u
     check_positive_ints(max_new_tokens=max_new_tokens)
     check_bools(use_cache=use_cache)
     check_sampling(**sampling)
+    vocab_size = (config.decoder if isinstance(config, EncoderDecoderConfig) else config).vocab_size
+    for name, value in (special_ids or {}).items():
+        if value is not None:
+            require_id(name, value, vocab_size)

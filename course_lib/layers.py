@@ -140,6 +140,7 @@ def make_norm(norm: str, d_model: int, *, eps: float = 1e-5) -> nn.Module:
     bias) or ``"rms"`` ``nn.RMSNorm`` (gain only), each with this ``eps``. The equations are
     :func:`layer_norm` and :func:`rms_norm`."""
     require_choice("norm", norm, NORMS)
+    check_positive_ints(d_model=d_model)
     require_positive_number("eps", eps)
     if norm == "rms":
         return nn.RMSNorm(d_model, eps=eps)
@@ -184,11 +185,12 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, *, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True) -> None:
-        super().__init__()
         check_positive_ints(d_model=d_model)
         check_bools(elementwise_affine=elementwise_affine, bias=bias)
+        require_positive_number("eps", eps)
+        super().__init__()
         self.d_model = d_model
-        self.eps = require_positive_number("eps", eps)
+        self.eps = float(eps)
         self.weight = nn.Parameter(torch.ones(d_model)) if elementwise_affine else None
         self.bias = nn.Parameter(torch.zeros(d_model)) if elementwise_affine and bias else None
 
@@ -230,11 +232,12 @@ class RMSNorm(nn.Module):
     """
 
     def __init__(self, d_model: int, *, eps: float = 1e-6, elementwise_affine: bool = True) -> None:
-        super().__init__()
         check_positive_ints(d_model=d_model)
         check_bools(elementwise_affine=elementwise_affine)
+        require_positive_number("eps", eps)
+        super().__init__()
         self.d_model = d_model
-        self.eps = require_positive_number("eps", eps)
+        self.eps = float(eps)
         self.weight = nn.Parameter(torch.ones(d_model)) if elementwise_affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from ._validate import (
+    check_shapes,
     checks_wanted,
-    inputs_checked,
     require_finite,
     require_integer_tensor,
     require_ndim,
@@ -38,7 +38,8 @@ def sequence_accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> float
     Args:
         predictions, targets: (N, T) ids, targets with -100 where nothing is predicted.
     """
-    check_scored(predictions, require_ndim("targets", targets, (2,), "(N, T), a row a sequence"))
+    check_scored(predictions, targets)
+    check_shapes(targets=(targets, "N T"), predictions=(predictions, "N T"))
     scored = targets != IGNORE_INDEX  # (N, T)
     judged = scored.any(dim=1)  # (N,) sequences with something to score
     correct = ((predictions == targets) | ~scored).all(dim=1) & judged  # (N,)
@@ -53,15 +54,10 @@ def alignment_score(weights: torch.Tensor, alignment: torch.Tensor) -> float:
         weights: (..., T, S) cross-attention weights of one layer and head (or a mean).
         alignment: (..., T), the gold source index of each target position, or -100.
     """
-    require_finite("weights", require_tensor("weights", weights), "an argmax of NaN is no peak")
+    check_alignment(weights, alignment)
     peaks = weights.argmax(dim=-1)  # (..., T): the source position each query attends most
-    check_scored(peaks, alignment, names=("weights.argmax(-1)", "alignment"))
-    gold = alignment[alignment != IGNORE_INDEX]
-    if values_checked(gold) and bool(((gold < 0) | (gold >= weights.shape[-1])).any()):
-        raise ValueError(f"alignment holds source positions outside 0..{weights.shape[-1] - 1} "
-                         f"(weights have S = {weights.shape[-1]} keys): got {gold.tolist()[:8]}")
-    with inputs_checked():
-        return token_accuracy(peaks, alignment)
+    scored = alignment != IGNORE_INDEX  # (..., T) positions with a gold alignment
+    return float(((peaks == alignment) & scored).sum() / scored.sum())
 
 
 # --- argument checks
@@ -82,3 +78,17 @@ def check_scored(
                          f"{shape_of(targets)}; they must match")
     if not (targets != IGNORE_INDEX).any():
         raise ValueError(f"{names[1]} {shape_of(targets)} has no scored position (all -100?)")
+
+
+def check_alignment(weights: object, alignment: object) -> None:
+    """weights (..., T, S) finite, alignment (..., T) integer positions 0..S-1 or -100, some of
+    them scored."""
+    if not checks_wanted():
+        return
+    require_finite("weights", require_tensor("weights", weights), "an argmax of NaN is no peak")
+    require_ndim("weights", weights, range(2, 64), "(..., T, S)")
+    check_scored(weights.argmax(dim=-1), alignment, names=("weights.argmax(-1)", "alignment"))
+    gold = alignment[alignment != IGNORE_INDEX]
+    if values_checked(gold) and bool(((gold < 0) | (gold >= weights.shape[-1])).any()):
+        raise ValueError(f"alignment holds source positions outside 0..{weights.shape[-1] - 1} "
+                         f"(weights have S = {weights.shape[-1]} keys): got {gold.tolist()[:8]}")

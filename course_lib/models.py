@@ -24,6 +24,7 @@ from ._validate import (
     inputs_checked,
     require_instance,
     require_integer_tensor,
+    require_ndim,
     require_padding_mask,
     require_size,
     require_tensor,
@@ -32,7 +33,7 @@ from ._validate import (
 )
 from .attention import as_bool_mask
 from .blocks import DecoderBlock, EncoderBlock, check_block_inputs, check_feed_forward_width
-from .cache import KVCache
+from .cache import KVCache, check_fits
 from .configs import (
     DecoderConfig,
     EncoderConfig,
@@ -345,11 +346,11 @@ class EncoderDecoder(nn.Module):
                 tokens (derived from each config's pad_id when None).
             output_attentions: return encoder, decoder and cross-attention weights.
         """
-        encoded, src_padding = self.encode(src, src_attention_mask,
-                                           output_attentions=output_attentions)
-        check_sequence(self.config.decoder, tgt, tgt_attention_mask, "tgt", "max_tgt_len")
-        require_size("tgt", tgt, 0, src.shape[0], "src's batch size")
-        with inputs_checked():  # checked here: the decoder skips its checks
+        check_seq2seq_inputs(self.config, src, tgt, src_attention_mask, tgt_attention_mask,
+                             output_attentions)
+        with inputs_checked():  # checked here: the encoder and the decoder skip their checks
+            encoded, src_padding = self.encode(src, src_attention_mask,
+                                               output_attentions=output_attentions)
             out = self.decoder(tgt, attention_mask=tgt_attention_mask,
                                encoder_hidden_states=encoded.last_hidden_state,
                                encoder_attention_mask=src_padding,
@@ -496,6 +497,10 @@ def check_decoder_inputs(model: DecoderLM, ids: object, attention_mask: object,
     if cache is not None and len(cache) not in (0, config.n_layers):
         raise ValueError(f"past_key_values holds {len(cache)} layers but this model has "
                          f"{config.n_layers}: a cache belongs to the model that filled it")
+    if cache is not None and len(cache):
+        attention = model.blocks[0].self_attn
+        check_fits("past_key_values", cache.layer(0), require_ndim("ids", ids, (2,), "(B, T)")
+                   .shape[0], attention.n_kv_heads, attention.d_head, attention.d_head)
     n_past = 0 if cache is None else cache.get_seq_length()
     check_sequence(config, ids, attention_mask, n_past=n_past)
     if n_past and attention_mask is None and config.pad_id is not None:
@@ -506,6 +511,19 @@ def check_decoder_inputs(model: DecoderLM, ids: object, attention_mask: object,
         weight = model.embeddings.token.weight  # x as the blocks will get it, (B, T, D)
         x = weight.new_zeros(()).expand(*ids.shape, config.d_model)
         check_block_inputs(model.blocks[0], x, encoder_hidden_states, encoder_attention_mask)
+
+
+def check_seq2seq_inputs(config: EncoderDecoderConfig, src: object, tgt: object,
+                         src_attention_mask: object, tgt_attention_mask: object,
+                         output_attentions: object) -> None:
+    """What :meth:`EncoderDecoder.forward` takes besides the targets, named as the learner
+    wrote them (src, max_src_len, ...)."""
+    if not checks_wanted():
+        return
+    check_bools(output_attentions=output_attentions)
+    check_sequence(config.encoder, src, src_attention_mask, "src", "max_src_len")
+    check_sequence(config.decoder, tgt, tgt_attention_mask, "tgt", "max_tgt_len")
+    require_size("tgt", tgt, 0, src.shape[0], "src's batch size")
 
 
 def check_targets(logits: torch.Tensor, targets: object) -> None:

@@ -182,39 +182,15 @@ def load_bert_weights(
     Returns:
         The names of the checkpoint tensors that were skipped on purpose.
     """
-    check_weights(model, tensors, Encoder)
+    check_bert_checkpoint(model, tensors, source)
     by_name = {_standard_name(name): name for name in tensors}  # BERT's name -> the file's
     table = bert_weight_map(model.config.n_layers, token_types=model.config.type_vocab_size > 0)
     params = dict(model.named_parameters())
-    values, missing, problems = {}, [], []
-    for ours, theirs in table.items():
-        missing += [f"{name!r} (for {ours})" for name in theirs if name not in by_name]
-        parts = [by_name[name] for name in theirs if name in by_name]
-        if len(parts) == len(theirs) and ours in params:
-            bad = _part_problems(ours, params[ours], {n: tensors[n] for n in parts})
-            problems += bad
-            if not bad:
-                values[ours] = torch.cat([tensors[n] for n in parts])  # [W_q; W_k; W_v] or one
-    used = {name for theirs in table.values() for name in theirs}
-    skipped = sorted(name for std, name in by_name.items() if _is_skipped(std))
-    unexpected = sorted(name for std, name in by_name.items()
-                        if std not in used and not _is_skipped(std))
-    for what, names in (
-        ("missing tensors", missing),
-        ("tensors that name the same parameter", [] if len(by_name) == len(tensors) else
-         sorted(n for n in tensors if by_name[_standard_name(n)] != n)),
-        ("parameters with no BERT counterpart", sorted(set(params) - set(table))),
-        ("weight-map names the model lacks (not built by config_from_bert?)",
-         sorted(set(table) - set(params))),
-        ("unexpected tensors that belong to no part of a BERT encoder", unexpected),
-    ):
-        problems += [f"{what}: {_list(names)}"] if names else []
-    if problems:
-        raise ValueError(f"cannot load {source} into the encoder: {'; '.join(problems)}")
     with torch.no_grad():
-        for ours, value in values.items():
-            params[ours].copy_(value)  # also converts e.g. float16 checkpoints to our dtype
-    return skipped
+        for ours, theirs in table.items():  # [W_q; W_k; W_v] or one tensor
+            # copy_ also converts e.g. float16 checkpoints to our dtype
+            params[ours].copy_(torch.cat([tensors[by_name[name]] for name in theirs]))
+    return sorted(name for std, name in by_name.items() if _is_skipped(std))
 
 
 # A Llama config.json's sizes (integers >= 1), and the options course_lib's DecoderLM has
@@ -306,13 +282,7 @@ def rope_half_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor
     Returns:
         The same rows, course_lib's order.
     """
-    check_positive_ints(n_heads=n_heads)
-    require_tensor("weight", weight)
-    rows = weight.shape[0] if weight.dim() else 0
-    if rows == 0 or rows % (2 * n_heads):
-        raise ValueError(f"weight has {rows} rows, which n_heads={n_heads} heads cannot share as "
-                         f"heads of an even width (H * Dh rows, Dh even): is n_heads the number "
-                         f"of heads this projection holds (H for W_q, Hkv for W_k)?")
+    check_rope_rows(weight, n_heads)
     halves = weight.unflatten(0, (n_heads, 2, -1))  # (H, 2, Dh/2, ...): [first; second] halves
     return halves.transpose(1, 2).flatten(0, 2)  # (H, Dh/2, 2, ...) -> (H Dh, ...): interleaved
 
@@ -332,21 +302,10 @@ def load_llama_weights(model: DecoderLM, tensors: Mapping[str, torch.Tensor], *,
     Returns:
         The names of the checkpoint tensors that were skipped on purpose.
     """
-    check_weights(model, tensors, DecoderLM)
+    check_llama_checkpoint(model, tensors, source)
     config = model.config
     table = llama_weight_map(config.n_layers, tie_embeddings=config.tie_embeddings)
     params = dict(model.named_parameters())
-    skipped = sorted(n for n in tensors if n.endswith("rotary_emb.inv_freq")
-                     or (config.tie_embeddings and n == "lm_head.weight"))
-    problems = _llama_problems(params, tensors, table, skipped)
-    head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
-    if config.tie_embeddings and head is not None and embedding is not None and not (
-            head.shape == embedding.shape and torch.equal(head, embedding)):
-        problems.append("the model ties its output layer to the token embeddings, but the "
-                        "checkpoint's lm_head.weight differs from model.embed_tokens.weight: build "
-                        "the model with tie_embeddings=False (config.json: tie_word_embeddings)")
-    if problems:
-        raise ValueError(f"cannot load {source} into the decoder: {'; '.join(problems)}")
     n_kv_heads = config.n_kv_heads or config.n_heads
     with torch.no_grad():
         for ours, theirs in table.items():
@@ -355,7 +314,7 @@ def load_llama_weights(model: DecoderLM, tensors: Mapping[str, torch.Tensor], *,
                 parts[:2] = (rope_half_to_interleaved(parts[0], config.n_heads),
                              rope_half_to_interleaved(parts[1], n_kv_heads))
             params[ours].copy_(torch.cat(parts))  # (rows, D) or (D,)
-    return skipped
+    return _llama_skipped(config, tensors)
 
 
 def _llama_problems(params: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor],
@@ -503,3 +462,68 @@ def check_mean_pool(hidden: object, attention_mask: object) -> None:
     require_floating("hidden", hidden)
     expected = f"expected (B, T) = {tuple(hidden.shape[:2])}, as hidden {shape_of(hidden)}"
     require_padding_mask("attention_mask", attention_mask, hidden.shape[:2], expected)
+
+
+def check_bert_checkpoint(model: object, tensors: object, source: str) -> None:
+    """Raise, listing every problem, unless ``tensors`` fill every parameter of the Encoder
+    ``model`` with tensors of the right shapes, each used or skipped on purpose."""
+    check_weights(model, tensors, Encoder)
+    by_name = {_standard_name(name): name for name in tensors}  # BERT's name -> the file's
+    table = bert_weight_map(model.config.n_layers, token_types=model.config.type_vocab_size > 0)
+    params = dict(model.named_parameters())
+    missing, problems = [], []
+    for ours, theirs in table.items():
+        missing += [f"{name!r} (for {ours})" for name in theirs if name not in by_name]
+        parts = [by_name[name] for name in theirs if name in by_name]
+        if len(parts) == len(theirs) and ours in params:
+            problems += _part_problems(ours, params[ours], {n: tensors[n] for n in parts})
+    used = {name for theirs in table.values() for name in theirs}
+    unexpected = sorted(name for std, name in by_name.items()
+                        if std not in used and not _is_skipped(std))
+    for what, names in (
+        ("missing tensors", missing),
+        ("tensors that name the same parameter", [] if len(by_name) == len(tensors) else
+         sorted(n for n in tensors if by_name[_standard_name(n)] != n)),
+        ("parameters with no BERT counterpart", sorted(set(params) - set(table))),
+        ("weight-map names the model lacks (not built by config_from_bert?)",
+         sorted(set(table) - set(params))),
+        ("unexpected tensors that belong to no part of a BERT encoder", unexpected),
+    ):
+        problems += [f"{what}: {_list(names)}"] if names else []
+    if problems:
+        raise ValueError(f"cannot load {source} into the encoder: {'; '.join(problems)}")
+
+
+def _llama_skipped(config: DecoderConfig, tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """The checkpoint tensors left out on purpose: RoPE's inv_freq, a tied lm_head.weight."""
+    return sorted(n for n in tensors if n.endswith("rotary_emb.inv_freq")
+                  or (config.tie_embeddings and n == "lm_head.weight"))
+
+
+def check_llama_checkpoint(model: object, tensors: object, source: str) -> None:
+    """Raise, listing every problem, unless ``tensors`` fill every parameter of the DecoderLM
+    ``model`` with tensors of the right shapes (and a tied head equal to the embeddings)."""
+    check_weights(model, tensors, DecoderLM)
+    config = model.config
+    table = llama_weight_map(config.n_layers, tie_embeddings=config.tie_embeddings)
+    params = dict(model.named_parameters())
+    problems = _llama_problems(params, tensors, table, _llama_skipped(config, tensors))
+    head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+    if config.tie_embeddings and head is not None and embedding is not None and not (
+            head.shape == embedding.shape and torch.equal(head, embedding)):
+        problems.append("the model ties its output layer to the token embeddings, but the "
+                        "checkpoint's lm_head.weight differs from model.embed_tokens.weight: build "
+                        "the model with tie_embeddings=False (config.json: tie_word_embeddings)")
+    if problems:
+        raise ValueError(f"cannot load {source} into the decoder: {'; '.join(problems)}")
+
+
+def check_rope_rows(weight: object, n_heads: object) -> None:
+    """weight's rows split into n_heads heads of an even width."""
+    check_positive_ints(n_heads=n_heads)
+    require_tensor("weight", weight)
+    rows = weight.shape[0] if weight.dim() else 0
+    if rows == 0 or rows % (2 * n_heads):
+        raise ValueError(f"weight has {rows} rows, which n_heads={n_heads} heads cannot share as "
+                         f"heads of an even width (H * Dh rows, Dh even): is n_heads the number "
+                         f"of heads this projection holds (H for W_q, Hkv for W_k)?")

@@ -21,14 +21,16 @@ from torch import nn
 
 from ._validate import (
     check_bools,
-    check_id,
     check_positive_ints,
+    check_shapes,
     check_token_ids,
     checks_wanted,
     inputs_checked,
     require_bool_mask,
+    require_callable,
     require_choice,
     require_floating,
+    require_id,
     require_ndim,
     require_padding_mask,
     require_same_dtype,
@@ -173,6 +175,7 @@ def gradient_norms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) 
     Returns:
         Norms (T,) or (B, T), detached; no ``.grad`` is touched.
     """
+    require_callable("fn", fn, "a function of the inputs, e.g. lambda x: rnn(x)[0]", n_args=1)
     require_floating("x", require_ndim("x", x, (2, 3), "(T, Din) or (B, T, Din)"))
     leaf = x.detach().clone()  # (B, T, Din) or (T, Din)
     leaf.requires_grad = True
@@ -298,7 +301,7 @@ class RNNEncoderDecoder(nn.Module):
         check_positive_ints(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                             d_embed=d_embed, hidden_size=hidden_size)
         require_choice("attention", attention, (*_SCORES, None))
-        self.pad_id = None if pad_id is None else check_id("pad_id", pad_id, src_vocab_size)
+        self.pad_id = None if pad_id is None else require_id("pad_id", pad_id, src_vocab_size)
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.src_embed = nn.Embedding(src_vocab_size, d_embed)
         self.tgt_embed = nn.Embedding(tgt_vocab_size, d_embed)
@@ -358,27 +361,6 @@ class RNNEncoderDecoder(nn.Module):
 
 
 # --- argument checks
-
-
-def check_shapes(**specs: tuple[torch.Tensor | None, str]) -> None:
-    """Raise unless every tensor has the shape its legend spells, one size per letter across
-    all of them, e.g. ``check_shapes(W=(W, "H H"), x=(x, "B? T Din"))``. Letters ending in
-    ``?`` may all be missing (an unbatched input); None tensors are skipped. Name weights
-    first: a message then blames the input."""
-    sizes: dict[str, tuple[int, str]] = {}
-    for name, (x, legend) in specs.items():
-        if x is None:
-            continue
-        full = [letter.rstrip("?") for letter in legend.split()]
-        short = [letter for letter in legend.split() if not letter.endswith("?")]
-        expected = " or ".join(dict.fromkeys(f"({', '.join(s)}{',' * (len(s) == 1)})"
-                                             for s in (full, short)))
-        require_ndim(name, x, (len(full), len(short)), expected)
-        for letter, size in zip(full if x.dim() == len(full) else short, x.shape, strict=True):
-            seen, where = sizes.setdefault(letter, (size, name))
-            if size != seen:
-                raise ValueError(f"{name} has shape {shape_of(x)}: {letter}={size}, but {where} "
-                                 f"has {letter}={seen} ({name} should be {expected})")
 
 
 def check_elman(

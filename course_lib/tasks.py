@@ -17,12 +17,12 @@ from typing import NamedTuple
 import torch
 
 from ._validate import (
-    check_id_list,
     check_positive_ints,
     check_token_ids,
     checks_wanted,
     require_choice,
     require_generator,
+    require_id_list,
     require_int,
     require_non_negative_int,
     require_probability,
@@ -45,7 +45,7 @@ class LMTask(NamedTuple):
 
     def decode(self, ids: Sequence[int] | torch.Tensor, sep: str = " ") -> str:
         """Token names of a 1-D sequence of ids, joined by ``sep`` (-100 shows as ``.``)."""
-        ids = check_id_list("ids", ids, self.vocab_size, also=(IGNORE_INDEX,))
+        ids = require_id_list("ids", ids, self.vocab_size, also=(IGNORE_INDEX,))
         return sep.join("." if i == IGNORE_INDEX else self.vocab[i] for i in ids)
 
 
@@ -190,7 +190,7 @@ class AlignedTranslationTask(NamedTuple):
     def words(self, ids: Sequence[int] | torch.Tensor) -> str:
         """The words of a 1-D sequence of ids, separated by spaces: stops at ``<eos>`` and
         leaves out ``<bos>`` and padding."""
-        ids = check_id_list("ids", ids, self.vocab.vocab_size, also=(IGNORE_INDEX,))
+        ids = require_id_list("ids", ids, self.vocab.vocab_size, also=(IGNORE_INDEX,))
         out = []
         for i in ids:
             if i == self.vocab.eos_id:
@@ -329,5 +329,5 @@ def check_masking(ids: object, mask_id: object, vocab_size: object, p: object,
     check_token_ids("ids", ids, vocab_size)
     require_non_negative_int("mask_id", mask_id)
     require_probability("p", p)
-    check_id_list("special_ids", special_ids, vocab_size)
+    require_id_list("special_ids", special_ids, vocab_size)
     require_generator("generator", generator)

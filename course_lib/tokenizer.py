@@ -7,12 +7,12 @@ positions where nothing is to be predicted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ._validate import check_id, check_id_list
+from ._validate import require_id, require_id_list
 
 IGNORE_INDEX = -100  # targets equal to this are left out of the loss (PyTorch's default)
 
@@ -36,6 +36,7 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
         """Build the vocabulary from the sorted distinct characters of ``text``."""
+        check_text(text)
         return cls(sorted(set(text)))
 
     @property
@@ -54,7 +55,7 @@ class CharTokenizer:
 
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """The text of a list or 1-D tensor of ids."""
-        return "".join(self.chars[i] for i in check_id_list("ids", ids, self.vocab_size))
+        return "".join(self.chars[i] for i in require_id_list("ids", ids, self.vocab_size))
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -76,7 +77,7 @@ class Seq2SeqVocab:
 
     def __post_init__(self) -> None:
         for name in ("pad_id", "bos_id", "eos_id"):
-            check_id(name, getattr(self, name), len(self.tokens))
+            require_id(name, getattr(self, name), len(self.tokens))
 
     @property
     def vocab_size(self) -> int:
@@ -84,14 +85,13 @@ class Seq2SeqVocab:
 
     def encode(self, tokens: Sequence[str]) -> list[int]:
         """The ids of a list of tokens (the characters of a str), no specials added."""
-        index = {token: i for i, token in enumerate(self.tokens)}
-        check_in_vocabulary("tokens", tokens, index)
-        return [index[token] for token in tokens]
+        check_in_vocabulary("tokens", tokens, self.tokens)
+        return [self.tokens.index(token) for token in tokens]
 
     def labels(self, ids: Sequence[int] | torch.Tensor) -> list[str]:
         """One label per position (for heatmap axes), specials included, padding (and -100)
         as ``""``."""
-        ids = check_id_list("ids", ids, self.vocab_size, also=(IGNORE_INDEX,))
+        ids = require_id_list("ids", ids, self.vocab_size, also=(IGNORE_INDEX,))
         return ["" if i in (self.pad_id, IGNORE_INDEX) else self.tokens[i] for i in ids]
 
 
@@ -106,7 +106,15 @@ def check_chars(chars: object) -> None:
         raise ValueError(f"chars must be distinct single characters, non-empty, got {chars!r:.40}")
 
 
-def check_in_vocabulary(name: str, tokens: object, index: Mapping[str, int]) -> None:
+def check_text(text: object) -> None:
+    """Raise unless ``text`` is a non-empty str (the characters a vocabulary is built from)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not text:
+        raise ValueError("text is empty: a vocabulary needs at least one character")
+
+
+def check_in_vocabulary(name: str, tokens: object, index: Collection[str]) -> None:
     """Raise unless ``tokens`` is a str (or a list of tokens) whose every token is in ``index``,
     naming the first few that are not."""
     if not isinstance(tokens, str | list | tuple):

@@ -39,10 +39,12 @@ def test_a_cache_creates_its_layers_on_first_use():
 def test_a_layer_cache_refuses_keys_of_another_shape():
     cache = LayerKVCache()
     cache.update(torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4))
-    with pytest.raises(ValueError, match=r"the KV cache holds .*\(2, 2, 4\).*\(3, 2, 1, 4\)"):
+    with pytest.raises(ValueError, match=r"the cache holds .*\(2, 2, 4, 4\).*\(3, 2, 4, 4\)"):
         cache.update(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
+    with pytest.raises(ValueError, match=r"the cache holds .*\(2, 2, 4, 4\).*\(2, 2, 4, 6\)"):
+        cache.update(torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 6))  # values of another width
     layer = MultiHeadAttention(12, 3)  # 3 heads of size 4
-    with pytest.raises(ValueError, match=r"the KV cache holds .*\(2, 2, 4\).*\(2, 3, 1, 4\)"):
+    with pytest.raises(ValueError, match=r"^past_key_value holds .*\(2, 2, 4, 4\).*\(2, 3, 4, 4\)"):
         layer(torch.randn(2, 1, 12), is_causal=True, past_key_value=cache)
     assert cache.get_seq_length() == 3  # nothing appended
 

@@ -459,7 +459,7 @@ def test_bad_caches_are_refused_with_clear_messages():
     model(torch.randint(0, 23, (1, 14)), past_key_values=cache)
     with pytest.raises(ValueError, match=r"^ids has 3 tokens after 14 cached ones.*max_len=16"):
         model(ids, past_key_values=cache)
-    with pytest.raises(ValueError, match=r"^the KV cache holds keys .*\(1, 4, 8\).*\(2, .*another batch"):
+    with pytest.raises(ValueError, match=r"^past_key_values holds .*\(1, 4, 8, 8\).*\(2, .*another batch"):
         model(torch.tensor([[1], [2]]), past_key_values=cache)
     with pytest.raises(ValueError, match=r"^attention_mask has shape \(1, 1\).*\(1, 15\)"):
         model(torch.tensor([[1]]), past_key_values=cache,

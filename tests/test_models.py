@@ -639,3 +639,73 @@ def test_an_attention_only_decoder_adds_only_attention_to_the_stream(norm_first)
     if model.final_norm is not None:
         x = model.final_norm(x)
     torch.testing.assert_close(model(ids).logits, model.lm_head(x))
+
+
+# ----------------------------------------------------------------- torch.compile, whole graphs
+
+def _compiled_graph_breaks(model: torch.nn.Module, *args, **kwargs) -> tuple[int, object]:
+    """Compile ``model`` (dynamo only, the eager backend: no code generation) and count the
+    graph breaks of one call; return the count and the compiled call's output."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    out = torch.compile(model, backend="eager", fullgraph=False)(*args, **kwargs)
+    return sum(counters["graph_break"].values()), out
+
+
+_COMPILE_CASES = {
+    "decoder": lambda: (_gpt(pad_id=0), dict(targets=_IDS, attention_mask=_MASK)),
+    "llama-style decoder": lambda: (
+        _gpt(positions="rope", norm="rms", ffn="swiglu", n_kv_heads=1, bias=False),
+        dict(targets=_IDS)),
+    "alibi decoder with attentions": lambda: (_gpt(positions="alibi"),
+                                              dict(output_attentions=True)),
+    "encoder": lambda: (_small_encoder(pad_id=0), dict(attention_mask=_MASK)),
+    "masked LM": lambda: (_masked_lm(), dict(targets=torch.where(_IDS % 2 == 0, _IDS, -100))),
+}
+_IDS = torch.tensor([[3, 5, 7, 2, 9, 4], [1, 8, 6, 2, 0, 0]])
+_MASK = _IDS != 0
+
+
+def _masked_lm():
+    from course_lib.models import MaskedLM
+    torch.manual_seed(0)
+    return MaskedLM(EncoderConfig(vocab_size=20, d_model=16, n_heads=2, n_layers=2,
+                                  max_len=12)).eval()
+
+
+@pytest.mark.parametrize("case", list(_COMPILE_CASES))
+def test_the_models_compile_without_graph_breaks(case):
+    """The argument checks run in eager calls and stay out of the compiled graph: a check that
+    read a value (``.item()``) or the checks' context variable would split the graph."""
+    model, kwargs = _COMPILE_CASES[case]()
+    breaks, out = _compiled_graph_breaks(model, _IDS, **kwargs)
+    assert breaks == 0
+    eager = model(_IDS, **kwargs)
+    first = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    reference = eager.logits if hasattr(eager, "logits") else eager.last_hidden_state
+    torch.testing.assert_close(first, reference)
+
+
+def test_the_encoder_decoder_compiles_without_graph_breaks():
+    model = _seq2seq().eval()
+    src, tgt = torch.tensor([[3, 4, 5, 6]]), torch.tensor([[1, 2, 3]])
+    breaks, out = _compiled_graph_breaks(model, src, tgt, targets=tgt)
+    assert breaks == 0
+    torch.testing.assert_close(out.loss, model(src, tgt, targets=tgt).loss)
+
+
+def test_the_graph_break_counter_can_fail():
+    def reads_a_value(x):
+        return x * int(x.sum().item())
+
+    breaks, _ = _compiled_graph_breaks(reads_a_value, torch.ones(3))
+    assert breaks >= 1
+
+
+def test_eager_calls_still_check_after_a_compiled_call():
+    model = _gpt()
+    _compiled_graph_breaks(model, _IDS)
+    with pytest.raises(ValueError, match="ids"):
+        model(torch.tensor([[3, 99]]))  # 99 is outside the vocabulary of 20

@@ -145,31 +145,104 @@ def test_the_structure_checks_can_fail(tmp_path):
 
 
 def _check_sites(function: ast.FunctionDef) -> list[int]:
-    """Indices of the top-level statements of ``function`` that call a check helper
-    (check_..., require_...), anywhere inside them."""
-    def calls_a_check(node: ast.AST) -> bool:
-        return any(isinstance(c, ast.Call)
-                   and getattr(c.func, "id", getattr(c.func, "attr", "")).lstrip("_")
-                   .startswith(("check_", "require_")) for c in ast.walk(node))
-    return [i for i, statement in enumerate(function.body) if calls_a_check(statement)]
+    """Indices of the top-level statements of ``function`` that check something: call a check
+    helper (check_..., require_...) or raise, anywhere inside them (a ``try`` that turns a
+    failure into a clear error is work, not a check)."""
+    def checks(node: ast.AST) -> bool:
+        return not isinstance(node, ast.Try) and any(
+            isinstance(c, ast.Raise) or isinstance(c, ast.Call)
+            and getattr(c.func, "id", getattr(c.func, "attr", "")).lstrip("_")
+            .startswith(("check_", "require_")) for c in ast.walk(node))
+    return [i for i, statement in enumerate(function.body) if checks(statement)]
 
 
-def _forwards() -> list[tuple[str, ast.FunctionDef]]:
+_BUNDLING = {"dict", "tuple", "list", "super", "__init__"}
+
+
+def _is_preamble(statement: ast.stmt) -> bool:
+    """A docstring, ``super().__init__()`` or an assignment that only names or bundles the
+    arguments (``kw = dict(mask=mask, ...)``): nothing a check must precede."""
+    calls = [c for c in ast.walk(statement) if isinstance(c, ast.Call)]
+    bundling = all(getattr(c.func, "id", getattr(c.func, "attr", "")) in _BUNDLING for c in calls)
+    if isinstance(statement, ast.Expr):
+        return isinstance(statement.value, ast.Constant) or (bool(calls) and bundling)
+    return isinstance(statement, ast.Assign | ast.AnnAssign) and bundling
+
+
+def _public_functions() -> list[tuple[str, ast.FunctionDef]]:
+    """Every public function and method (``__init__`` included) of the model library; the
+    check helpers themselves are not."""
     found = []
     for path in _library_files():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef):
-                found += [(f"{_module_name(path)}.{node.name}", f) for f in node.body
-                          if isinstance(f, ast.FunctionDef) and f.name == "forward"]
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith(
+                    ("_", "check_", "require_")):
+                found.append((f"{_module_name(path)}.{node.name}", node))
+            elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found += [(f"{_module_name(path)}.{node.name}.{f.name}", f) for f in node.body
+                          if isinstance(f, ast.FunctionDef)
+                          and (not f.name.startswith("_") or f.name == "__init__")]
     return found
 
 
-def test_every_forward_checks_its_arguments_in_one_place():
-    """The maths below the checks reads like the notes: a forward's argument checks are one
-    run of statements at its boundary, not scattered between the steps."""
-    scattered = {name: sites for name, f in _forwards()
-                 if (sites := _check_sites(f)) and sites != list(range(sites[0], sites[-1] + 1))}
-    assert scattered == {}
-    fake = ast.parse("def forward(self, x):\n    check_x(x)\n    y = f(x)\n"
-                     "    if y:\n        require_y(y)\n    return y\n").body[0]
-    assert _check_sites(fake) == [0, 2]  # the test sees two sites
+def _checks_not_first(function: ast.FunctionDef) -> list[int]:
+    """The check sites of ``function`` if they are not one run of statements before the work."""
+    sites = _check_sites(function)
+    if not sites:
+        return []
+    one_run = sites == list(range(sites[0], sites[-1] + 1))
+    first = all(_is_preamble(s) for s in function.body[:sites[0]])
+    return [] if one_run and first else sites
+
+
+# what these check after their work is a result, not an argument
+CHECKS_A_RESULT = {"course_lib.rnn.gradient_norms": "what the learner's fn returned"}
+
+
+def test_every_public_function_checks_its_arguments_first():
+    """The maths below the checks reads like the notes: a public function's argument checks
+    are one run of statements before any work, not scattered between the steps."""
+    late = {name: sites for name, f in _public_functions()
+            if (sites := _checks_not_first(f)) and name not in CHECKS_A_RESULT}
+    assert late == {}
+
+
+@pytest.mark.parametrize(("source", "sites"), [
+    ("def f(self, x):\n    check_x(x)\n    y = g(x)\n    if y:\n        require_y(y)\n"
+     "    return y\n", [0, 2]),  # a check after the work
+    ("def f(x):\n    y = g(x)\n    check_x(y)\n    return y\n", [1]),  # work before it
+    ("def f(x):\n    y = g(x)\n    if y < 0:\n        raise ValueError(y)\n    return y\n",
+     [1]),  # an inline refusal after the work
+])
+def test_the_checks_first_rule_can_fail(source, sites):
+    assert _checks_not_first(ast.parse(source).body[0]) == sites
+
+
+def test_the_checks_first_rule_allows_a_docstring_and_bundled_arguments():
+    source = ('def f(self, x, mask):\n    """Doc."""\n    kw = dict(mask=mask)\n'
+              '    super().__init__()\n    check_x(x, **kw)\n    return g(x, **kw)\n')
+    assert _checks_not_first(ast.parse(source).body[0]) == []
+
+
+def _returns_a_value(function: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(function))
+
+
+def test_a_check_returns_nothing_and_a_require_returns_what_it_checked():
+    """``check_*`` raises or returns None; a helper that hands back the checked value (an int,
+    a device, a list of ids) is a ``require_*``: the name says which."""
+    returning = sorted(f"{_module_name(path)}.{node.name}" for path in _library_files()
+                       for node in ast.walk(ast.parse(path.read_text()))
+                       if isinstance(node, ast.FunctionDef)
+                       and node.name.lstrip("_").startswith("check_") and _returns_a_value(node))
+    assert returning == []
+    fake = ast.parse("def check_n(n):\n    if n < 0:\n        raise ValueError(n)\n    return n\n")
+    assert _returns_a_value(fake.body[0])
+
+
+MAX_LIBRARY_LINES = 6_500  # small enough for a learner to read next to the notes
+
+
+def test_the_model_library_stays_small_enough_to_read():
+    lines = sum(len(path.read_text().splitlines()) for path in _library_files())
+    assert 0 < lines <= MAX_LIBRARY_LINES

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from course_lib._validate import (
-    check_id,
-    check_id_list,
     check_positive_ints,
     checks_wanted,
     inputs_checked,
     require_bool,
+    require_id,
+    require_id_list,
     require_int,
     require_padding_mask,
 )
@@ -68,8 +68,8 @@ TGT = torch.tensor([[1, 2, 3], [1, 4, 5]])
 @pytest.mark.parametrize("value", [np.int64(3), np.int32(3), np.uint8(3), 3])
 def test_numpy_integers_are_integers(value):
     assert require_int("n", value, minimum=1) == 3 and type(require_int("n", value)) is int
-    assert check_id("token", value, 5) == 3
-    assert check_id_list("ids", np.array([value, 0]), 5) == [3, 0]
+    assert require_id("token", value, 5) == 3
+    assert require_id_list("ids", np.array([value, 0]), 5) == [3, 0]
 
 
 @pytest.mark.parametrize("value", [True, False, 3.0, "3", torch.tensor(3), None])
@@ -260,7 +260,7 @@ def test_a_seed_instead_of_a_generator_is_refused_by_name(call):
         call()
 
 
-# ------------------------------------------------------- out-of-range ids (check_id_list)
+# ------------------------------------------------------- out-of-range ids (require_id_list)
 
 TASK = copy_task(4, 3, n_symbols=4)  # vocabulary: 4 symbols and "|"
 WORDS = word_order_task(2)
