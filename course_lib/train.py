@@ -11,20 +11,24 @@ of keyword arguments for the model, always including ``targets``, so the loop on
 The loop asks a *batch function* (no arguments, returns one such dict) for every batch:
 :func:`lm_batches` makes one from a token stream, :func:`random_batches` from tensors of
 examples. The loop never chooses a device: it moves each batch to wherever the model is.
-Arguments are checked once, before the loop; the loop reads no tensor values beyond the loss
-it records, so on a GPU it waits for the device once a step.
+Arguments are checked before any work, each batch's keys and types where it is used; no check
+draws a random number or a batch, and the loop reads no value but the loss it records (on a
+GPU, one wait a step).
 
 A run can be saved and continued (:func:`save_checkpoint`, :func:`load_checkpoint`, or
 ``train(..., checkpoint="run.pt", resume=True)``): a checkpoint holds the weights, the
 optimizer's moments, the number of updates done, the history, and every random state the run
 draws from (torch's global generator, which dropout uses, the device's, and the batch
 functions' generators), so the continued run takes the same steps as one that never stopped.
+A refused file (checked whole before anything is restored) leaves everything as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import numbers
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,9 +52,10 @@ from ._validate import (
     require_positive_int,
     require_positive_number,
     require_probability,
+    require_writable_file,
     shape_of,
 )
-from .corpus import get_batch
+from .corpus import check_batch, get_batch
 
 Batch = Mapping[str, torch.Tensor]
 BatchFn = Callable[[], Batch]
@@ -152,6 +157,8 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """The AdamW optimizer :func:`train` uses: :func:`param_groups`, ``config.lr`` and
     ``config.betas``. On a CPU or CUDA it is PyTorch's fused AdamW (one kernel for every
     parameter; the same update, a test checks it)."""
+    check_model(model)
+    require_instance("config", config, TrainConfig, "a TrainConfig(...)")
     fused = _model_device(model).type in ("cpu", "cuda")
     return torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr,
                              betas=config.betas, fused=fused or None)
@@ -173,9 +180,8 @@ def lm_batches(
         :func:`course_lib.corpus.get_batch`. Its ``generator`` attribute is ``generator``:
         :func:`train`'s checkpoints save and restore where it is.
     """
-    check_positive_ints(batch_size=batch_size, block_size=block_size)
+    check_batch(data, batch_size, block_size)  # get_batch's checks, now: no draw, no batch
     require_generator("generator", generator)
-    get_batch(data[: block_size + 1], 1, block_size)  # checks data now, not at the first step
 
     def batch() -> dict[str, torch.Tensor]:
         x, y = get_batch(data, batch_size, block_size, generator=generator)  # (B, T), (B, T)
@@ -201,7 +207,7 @@ def random_batches(
         A function returning a dict with the same keys, each value (B, ...). Its ``generator``
         attribute is ``generator`` (as for :func:`lm_batches`).
     """
-    n = check_random_batches(tensors, batch_size)
+    n = require_examples(tensors, batch_size)
     require_generator("generator", generator)
 
     def batch() -> dict[str, torch.Tensor]:
@@ -260,9 +266,12 @@ def _model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _to_device(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
-    return {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor)
-            else value for name, value in batch.items()}
+def _next_batch(batches: BatchFn, name: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """The next batch of ``batches`` (called ``name`` in errors), its form checked from keys
+    and types alone (no values read, so no wait for a GPU), moved to ``device``."""
+    batch = batches()
+    check_batch_form(name, batch)
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
 def _loss_of(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -275,7 +284,6 @@ def _loss_of(model: nn.Module, batch: Batch) -> torch.Tensor:
     return loss
 
 
-@torch.no_grad()
 def estimate_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
     """Mean loss over ``iters`` batches with the model in eval mode (no dropout) and no
     gradients; the model's mode is restored afterwards.
@@ -286,10 +294,17 @@ def estimate_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
         iters: number of batches to average.
     """
     check_training(model, iters=iters, batches=batches)
+    return _mean_loss(model, batches, iters, "batches")
+
+
+@torch.no_grad()
+def _mean_loss(model: nn.Module, batches: BatchFn, iters: int, name: str) -> float:
+    """:func:`estimate_loss`, its batch function called ``name`` in errors."""
     device, was_training = _model_device(model), model.training
     model.eval()
     try:
-        total = sum(_loss_of(model, _to_device(batches(), device)).item() for _ in range(iters))
+        total = sum(_loss_of(model, _next_batch(batches, name, device)).item()
+                    for _ in range(iters))
     finally:
         model.train(was_training)
     return total / iters
@@ -298,10 +313,10 @@ def estimate_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
 def _evaluate(model: nn.Module, history: TrainHistory, done: int, batches: dict,
               iters: int, callback: Callable | None) -> None:
     """Record the mean train (and validation) loss after ``done`` updates, then call back."""
-    history.eval_steps.append(done)  # the model checks every evaluation batch
-    history.eval_train_losses.append(estimate_loss(model, batches["train"], iters))
-    if batches["val"] is not None:
-        history.val_losses.append(estimate_loss(model, batches["val"], iters))
+    history.eval_steps.append(done)
+    for name, losses in (("train", history.eval_train_losses), ("val", history.val_losses)):
+        if batches[name] is not None:
+            losses.append(_mean_loss(model, batches[name], iters, f"{name}_batches"))
     if callback is not None:
         was_training = model.training
         model.eval()
@@ -338,7 +353,7 @@ def train(
             ``eval_interval`` updates and after the last), model in eval mode: e.g. to redraw
             a live plot. Its return value is ignored.
         checkpoint: a file to save the run to (:func:`save_checkpoint`) after every
-            evaluation but the first, replacing the previous one.
+            evaluation but the first, replacing the previous one. Its folder must exist.
         resume: if the ``checkpoint`` file exists, continue the run it holds instead of
             starting afresh: the model, optimizer, history and random states are restored and
             training goes on from the update after the saved one. Build the model and the
@@ -349,20 +364,19 @@ def train(
         A :class:`TrainHistory` (of the whole run, when resumed). The model is left in the
         mode (train/eval) it came in.
     """
-    config = TrainConfig() if config is None else config
-    check_training(model, config, progress=progress, train_batches=train_batches,
+    check_training(model, config, progress=progress, desc=desc, train_batches=train_batches,
                    val_batches=val_batches, callback=callback)
     check_checkpointing(checkpoint, resume)
+    config = TrainConfig() if config is None else config
     if config.seed is not None:
         torch.manual_seed(config.seed)
     device, was_training, started_run = _model_device(model), model.training, time.perf_counter()
     optimizer = make_optimizer(model, config)
     max_norm = config.grad_clip or math.inf  # inf: clip_grad_norm_ only measures the norm
-    first = check_first_batches(train_batches=train_batches, val_batches=val_batches)
     history, batches = TrainHistory(), {"train": train_batches, "val": val_batches}
     generators = batch_generators(train_batches, val_batches)
     start = 0  # updates done
-    if resume and Path(checkpoint).exists():  # its random states undo check_first_batches' draws
+    if resume and Path(checkpoint).exists():  # every random state as the saved run left it
         saved = load_checkpoint(checkpoint, model, optimizer, generators=generators, config=config)
         start, history = saved.step, saved.history or history
     before = history.elapsed_s  # seconds spent before a restart
@@ -373,11 +387,11 @@ def train(
             _evaluate(model, history, 0, batches, config.eval_iters, callback)
         for step in range(start, config.max_iters):
             started = time.perf_counter()
-            batch = first if step == 0 else train_batches()
+            batch = _next_batch(train_batches, "train_batches", device)
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss = _loss_of(model, _to_device(batch, device))  # forward pass and loss
+            loss = _loss_of(model, batch)  # forward pass and loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # before clipping
@@ -428,26 +442,26 @@ def save_checkpoint(
     step: int, history: TrainHistory | None = None,
     generators: Sequence[torch.Generator] = (), config: TrainConfig | None = None,
 ) -> None:
-    """Save everything a run needs to continue exactly: the weights, the optimizer's state
-    (AdamW's moments and step counts), ``step`` (the updates done), the history, torch's
-    global random state (dropout, and batches drawn without a generator), the model device's
-    random state (CUDA or MPS), the ``generators`` the batches are drawn with, and the config.
-    The file is written next to ``path`` and then renamed, so a run stopped while saving
-    leaves the previous checkpoint whole.
+    """Save everything a run needs to continue exactly: the weights (and the model's config,
+    if it has one), the optimizer's state (AdamW's moments and step counts), ``step`` (the
+    updates done), the history, torch's global random state (dropout, and batches drawn
+    without a generator), the model device's random state (CUDA or MPS), the ``generators``
+    the batches are drawn with, and the config.
+    The file is written next to ``path``, flushed to the disk and then renamed, so a run
+    stopped while saving leaves the previous checkpoint whole.
     """
-    check_checkpoint(path, model, optimizer, generators)
+    check_checkpoint(path, model, optimizer, generators, config, saving=True)
     require_non_negative_int("step", step)
-    device = _model_device(model)
+    require_instance("history", history, (TrainHistory, type(None)),
+                     "a TrainHistory or None", "pass the history train() returned")
     state = {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-        "history": dataclasses.asdict(history) if history is not None else None,
-        "config": dataclasses.asdict(config) if config is not None else None,
-        "rng": torch.get_rng_state(), "device_rng": _device_rng(device),
+        "model": model.state_dict(), "model_config": _plain(getattr(model, "config", None)),
+        "optimizer": optimizer.state_dict(), "optimizer_class": type(optimizer).__name__,
+        "step": int(step), "history": _plain(history), "config": _plain(config),
+        "rng": torch.get_rng_state(), "device_rng": _device_rng(_model_device(model)),
         "generators": [g.get_state() for g in generators],
     }
-    partial = Path(path).with_name(Path(path).name + ".partial")
-    torch.save(state, partial)
-    os.replace(partial, path)  # one step: the old file or the new one, never half of one
+    _write_atomically(state, Path(path))
 
 
 def load_checkpoint(
@@ -459,14 +473,14 @@ def load_checkpoint(
     the model and the optimizer as for the saved run first. ``generators`` must be as many
     as were saved, in the same order (None: leave them alone, e.g. to inspect the weights).
     With ``config``, refuse a file written by a run with another config: the continued run
-    would not be the same run.
+    would not be the same run. The whole file is checked against the model, the optimizer
+    and the generators before any of them is touched: a refused file changes nothing.
 
     Returns:
         A :class:`Checkpoint` with the number of updates done, the history and the config.
     """
-    check_checkpoint(path, model, optimizer, generators or ())
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    check_resumable(path, state, generators, config)
+    check_checkpoint(path, model, optimizer, generators, config, saving=False)
+    state = require_checkpoint(path, model, optimizer, generators, config)
     model.load_state_dict(state["model"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -477,6 +491,50 @@ def load_checkpoint(
             generator.set_state(saved)
     history = TrainHistory(**state["history"]) if state["history"] is not None else None
     return Checkpoint(state["step"], history, state["config"])
+
+
+def _write_atomically(state: dict, path: Path) -> None:
+    """``torch.save(state)`` to ``path``'s ``.partial`` twin, on the disk (fsync) before it is
+    renamed over ``path``: a save stopped at any moment leaves the old file or the new one."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())  # the bytes are on the disk before the name points at them
+        os.replace(partial, path)  # one step: the old file or the new one, never half of one
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)  # and the rename itself survives a power cut
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries to the disk, where the OS and the file system allow it."""
+    with contextlib.suppress(OSError):  # Windows cannot open a folder; some file systems refuse
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _plain(value: object) -> object:
+    """``value`` in the plain types a ``weights_only`` load reads back: a dataclass becomes
+    a dict, a numpy number a Python one, a tuple a list; another object its type's name."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value) if isinstance(value, (torch.dtype, torch.device)) else type(value).__name__
 
 
 def _device_rng(device: torch.device) -> torch.Tensor | None:
@@ -550,8 +608,9 @@ def check_model(model: object) -> None:
 
 
 def check_training(model: object, config: object = None, *, iters: object = 1,
-                   progress: object = True, **functions: object) -> None:
-    """train's and estimate_loss's arguments: the model, the config, the batch functions."""
+                   progress: object = True, desc: object = "", **functions: object) -> None:
+    """train's and estimate_loss's arguments: the model, the config, the options, the batch
+    functions."""
     if not checks_wanted():
         return
     check_model(model)
@@ -559,6 +618,7 @@ def check_training(model: object, config: object = None, *, iters: object = 1,
         require_instance("config", config, TrainConfig, "a TrainConfig(...)")
     check_positive_ints(iters=iters)
     check_bools(progress=progress)
+    require_instance("desc", desc, str, "a label (str) for the progress bar")
     for name, fn in functions.items():
         if fn is not None and name == "callback":
             require_callable(name, fn, "a function callback(step, history)", n_args=2)
@@ -566,45 +626,203 @@ def check_training(model: object, config: object = None, *, iters: object = 1,
             require_callable(name, fn, "a function")
 
 
+def check_batch_form(name: str, batch: object) -> None:
+    """What the batch function ``name`` returned: a dict of tensors (the model's keyword
+    arguments) with a batch of ``targets``. Only keys, types and shapes are read."""
+    if not (isinstance(batch, Mapping) and "targets" in batch):
+        raise TypeError(f"{name}() must return a dict of the model's keyword arguments with "
+                        f"'targets', got {batch!r:.40}")
+    for key, value in batch.items():
+        require_instance(f"{name}()[{key!r}]", value, torch.Tensor, "a torch.Tensor",
+                         "convert it with torch.as_tensor")
+    if batch["targets"].dim() == 0:
+        raise ValueError(f"{name}()['targets'] must hold a batch (B, ...), got a 0-D tensor")
+
+
 def check_checkpointing(checkpoint: object, resume: object) -> None:
-    """train's ``checkpoint`` (None or a path) and ``resume`` (a bool that needs a path)."""
+    """train's ``checkpoint`` (None or a writable file path) and ``resume`` (a bool that
+    needs a path)."""
     check_bools(resume=resume)
     if checkpoint is not None:
         require_instance("checkpoint", checkpoint, (str, os.PathLike), "a file path (str or Path)")
+        require_writable_file("checkpoint", checkpoint)
     if resume and checkpoint is None:
         raise ValueError("resume=True needs the file to resume from: checkpoint='run.pt'")
 
 
-def check_checkpoint(path: object, model: object, optimizer: object,
-                     generators: object) -> None:
-    """save_checkpoint's and load_checkpoint's arguments."""
+def check_checkpoint(path: object, model: object, optimizer: object, generators: object,
+                     config: object, *, saving: bool) -> None:
+    """save_checkpoint's and load_checkpoint's arguments: saving needs an optimizer and a
+    path whose folder exists, loading an existing file; ``optimizer`` may be None when
+    loading, as may ``generators``."""
     require_instance("path", path, (str, os.PathLike), "a file path (str or Path)")
     check_model(model)
-    if optimizer is not None:
-        require_instance("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
-    if isinstance(generators, torch.Generator) or not isinstance(generators, Sequence):
+    if optimizer is not None or saving:
+        require_instance("optimizer", optimizer, torch.optim.Optimizer,
+                         "a torch.optim.Optimizer", "e.g. make_optimizer(model, config)")
+    if isinstance(generators, torch.Generator) or \
+            not isinstance(generators, (Sequence, type(None))):
         raise TypeError(f"generators must be a list of torch.Generator, got {generators!r:.40}")
-    for i, generator in enumerate(generators):
+    for i, generator in enumerate(generators or ()):
         require_instance(f"generators[{i}]", generator, torch.Generator, "a torch.Generator")
+    require_instance("config", config, (TrainConfig, type(None)), "a TrainConfig or None")
+    if saving:
+        require_writable_file("path", path)
+    elif not Path(path).is_file():
+        raise FileNotFoundError(f"path {str(path)!r} is not a file: no checkpoint to load")
 
 
-def check_resumable(path: object, state: Mapping, generators: Sequence | None,
-                    config: TrainConfig | None) -> None:
-    """The file holds as many generator states as there are generators, and its config (if
-    one is given to compare with) is ``config``."""
-    if generators is not None and len(state["generators"]) != len(generators):
-        raise ValueError(f"{path} holds the states of {len(state['generators'])} batch "
-                         f"generator(s), but {len(generators)} were given: build the batch "
-                         "functions as for the saved run (each with its generator, or none)")
-    saved, wanted = state["config"], dataclasses.asdict(config) if config is not None else None
-    if saved is not None and wanted is not None and saved != wanted:
-        changed = ", ".join(f"{k}={saved[k]!r} (now {wanted[k]!r})" for k in wanted
-                            if saved.get(k) != wanted[k])
-        raise ValueError(f"{path} was written by a run with another config: {changed}. "
+_SAVED = ("model", "optimizer", "step", "history", "config", "rng", "device_rng", "generators")
+
+
+def require_checkpoint(path: str | os.PathLike, model: nn.Module,
+                       optimizer: torch.optim.Optimizer | None,
+                       generators: Sequence[torch.Generator] | None,
+                       config: TrainConfig | None) -> dict:
+    """The state saved in ``path``, if it is a :func:`save_checkpoint` file that fits
+    ``model``, ``optimizer``, ``generators`` and ``config`` in every part (keys, shapes,
+    dtypes, tied weights, parameter groups, random states). It only reads."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # whatever torch met: the bytes are not a checkpoint
+        reason = (str(error).strip().splitlines() or [""])[0][:80]
+        raise ValueError(f"{path} cannot be read as a checkpoint ({type(error).__name__}: "
+                         f"{reason}): it is truncated (a save stopped before it finished) or "
+                         "another kind of file. save_checkpoint writes what this reads") from None
+    if isinstance(state, Mapping) and state and "model" not in state and \
+            all(isinstance(value, torch.Tensor) for value in state.values()):
+        raise ValueError(f"{path} holds a bare state_dict (torch.save(model.state_dict())), not "
+                         "a save_checkpoint file: load it with "
+                         "model.load_state_dict(torch.load(path))")
+    if not (isinstance(state, Mapping) and all(key in state for key in _SAVED)):
+        raise ValueError(f"{path} is not a save_checkpoint file: it holds {type(state).__name__}"
+                         f" {sorted(state) if isinstance(state, Mapping) else ''}, not {_SAVED}")
+    _require_model_fits(path, state, model)
+    if optimizer is not None:
+        _require_optimizer_fits(path, state, optimizer)
+    _require_run_fits(path, state, model, generators, config)
+    return state
+
+
+def _differences(saved: Mapping, wanted: Mapping, prefix: str = "") -> list[str]:
+    """``key=saved (now wanted)`` for every entry of two (nested) dicts that differs."""
+    found = []
+    for key in list(wanted) + [k for k in saved if k not in wanted]:
+        a, b = saved.get(key), wanted.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            found += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append(f"{prefix}{key}={a!r} (now {b!r})")
+    return found
+
+
+def _tied(state_dict: Mapping) -> set[frozenset[str]]:
+    """The groups of entries that are one tensor (a tied output layer and embedding)."""
+    groups: dict[int, set[str]] = {}
+    for key, value in state_dict.items():
+        if isinstance(value, torch.Tensor) and value.numel():
+            groups.setdefault(value.data_ptr(), set()).add(key)
+    return {frozenset(keys) for keys in groups.values() if len(keys) > 1}
+
+
+def _require_model_fits(path: object, state: Mapping, model: nn.Module) -> None:
+    """The saved weights fit ``model``: its config (if both have one), the same entries,
+    each of the same shape and dtype, and the same tied weights."""
+    saved_config, own_config = state.get("model_config"), _plain(getattr(model, "config", None))
+    if isinstance(saved_config, Mapping) and isinstance(own_config, Mapping) and \
+            saved_config != own_config:
+        raise ValueError(f"{path} holds a model with another config: "
+                         f"{', '.join(_differences(saved_config, own_config))}. Build the model "
+                         "with the saved config")
+    saved, own = state["model"], model.state_dict()
+    missing, unexpected = sorted(own.keys() - saved.keys()), sorted(saved.keys() - own.keys())
+    if missing or unexpected:
+        raise ValueError(f"{path} does not fit model: the model's {missing[:4]} are not in the "
+                         f"file and the file's {unexpected[:4]} are not in the model "
+                         f"({len(missing)} and {len(unexpected)}). Build the model as saved")
+    tensors = [(key, saved[key], value) for key, value in own.items()
+               if isinstance(value, torch.Tensor)]
+    shapes = [f"{key} {shape_of(a)} (model: {shape_of(b)})" for key, a, b in tensors
+              if a.shape != b.shape]
+    if shapes:
+        raise ValueError(f"{path} does not fit model: {'; '.join(shapes[:3])}"
+                         f"{' ...' if len(shapes) > 3 else ''}. Build the model as saved")
+    dtypes = [(key, a.dtype, b.dtype) for key, a, b in tensors if a.dtype != b.dtype]
+    if dtypes:
+        key, saved_dtype, dtype = dtypes[0]
+        raise ValueError(f"{path} holds {saved_dtype} weights where model has {dtype} ({key}, "
+                         f"{len(dtypes)} in all): convert the model first, "
+                         f"model.to({saved_dtype})")
+    if _tied(saved) != _tied(own):
+        raise ValueError(f"{path} ties weights {sorted(map(sorted, _tied(saved)))}, model ties "
+                         f"{sorted(map(sorted, _tied(own)))}: build the model as saved")
+
+
+# the per-parameter buffers of torch's optimizers that have their parameter's shape
+_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer",
+            "square_avg", "grad_avg", "acc_delta", "sum")
+
+
+def _require_optimizer_fits(path: object, state: Mapping,
+                            optimizer: torch.optim.Optimizer) -> None:
+    """The saved optimizer state fits ``optimizer``: the same class, the same parameter
+    groups (count and sizes) and moments of its parameters' shapes."""
+    saved, kind = state["optimizer"], type(optimizer).__name__
+    if state.get("optimizer_class", kind) != kind:
+        raise ValueError(f"{path} holds the state of optimizer class "
+                         f"{state['optimizer_class']}, but optimizer is {kind}: build the "
+                         "optimizer as for the saved run")
+    sizes = [len(group["params"]) for group in saved["param_groups"]]
+    own = [len(group["params"]) for group in optimizer.param_groups]
+    if sizes != own:
+        raise ValueError(f"{path} holds an optimizer over parameter groups of {sizes} tensors, "
+                         f"but optimizer has {own}: build it over the same parameters "
+                         "(make_optimizer(model, config) for train's runs)")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    wrong = [f"state[{i}][{name!r}] {shape_of(value)}" + (
+             f" (parameter {shape_of(params[i])})" if i in range(len(params)) else
+             f" (optimizer has {len(params)} parameters)")
+             for i, moments in saved["state"].items() for name, value in moments.items()
+             if name in _MOMENTS and (i not in range(len(params))
+                                      or value.shape != params[i].shape)]
+    if wrong:
+        raise ValueError(f"{path} holds optimizer moments of other shapes: "
+                         f"{'; '.join(wrong[:3])}: build it over the model's parameters")
+
+
+def _require_run_fits(path: object, state: Mapping, model: nn.Module,
+                      generators: Sequence | None, config: TrainConfig | None) -> None:
+    """The random states fit torch's, the device's and ``generators``, the history is a
+    TrainHistory's, and the config (if one is given to compare with) is ``config``."""
+    saved = state["generators"]
+    if generators is not None and len(saved) != len(generators):
+        raise ValueError(f"{path} holds the states of {len(saved)} batch generator(s), but "
+                         f"{len(generators)} were given: build the batch functions as for the "
+                         "saved run (each with its generator, or none)")
+    pairs = [("rng", state["rng"], torch.get_rng_state())]
+    pairs += [(f"generators[{i}]", s, g.get_state()) for i, (s, g) in
+              enumerate(zip(saved, generators or (), strict=False))]
+    if state["device_rng"] is not None:
+        pairs.append(("device_rng", state["device_rng"], _device_rng(_model_device(model))))
+    for name, kept, own in pairs:
+        if own is not None and not (isinstance(kept, torch.Tensor)
+                                    and (kept.shape, kept.dtype) == (own.shape, own.dtype)):
+            raise ValueError(f"{path} holds in {name} no random state that this torch "
+                             f"can restore (it expects {own.dtype} {shape_of(own)})")
+    if not (isinstance(state["step"], int) and state["step"] >= 0):
+        raise ValueError(f"{path} holds step={state['step']!r}, not a number of updates")
+    fields = {f.name for f in dataclasses.fields(TrainHistory)}
+    if state["history"] is not None and set(state["history"]) != fields:
+        raise ValueError(f"{path} holds a history with {sorted(state['history'])}, not a "
+                         f"TrainHistory's {sorted(fields)}")
+    saved_config, wanted = _plain(state["config"]), _plain(config)  # a tuple reads as a list
+    if saved_config is not None and wanted is not None and saved_config != wanted:
+        raise ValueError(f"{path} was written by a run with another config: "
+                         f"{', '.join(_differences(saved_config, wanted))}. "
                          "Resume with the saved config, or pass resume=False to start afresh")
 
 
-def check_random_batches(tensors: object, batch_size: object) -> int:
+def require_examples(tensors: object, batch_size: object) -> int:
     """``tensors`` a dict of (N, ...) tensors with one N >= batch_size; returns N."""
     require_positive_int("batch_size", batch_size)
     if not (isinstance(tensors, Mapping) and all(isinstance(t, torch.Tensor)
@@ -615,12 +833,3 @@ def check_random_batches(tensors: object, batch_size: object) -> int:
         shapes = {name: shape_of(t) for name, t in tensors.items()}
         raise ValueError(f"tensors need one number of rows N >= batch_size, got {shapes}")
     return sizes.pop()
-
-
-def check_first_batches(**functions: BatchFn | None) -> Batch:
-    """Draw one batch of each function, in order, and check it; return the first one."""
-    batches = [(name, fn()) for name, fn in functions.items() if fn is not None]
-    for name, batch in batches:
-        if not (isinstance(batch, Mapping) and "targets" in batch):
-            raise TypeError(f"{name}() must return a dict with 'targets', got {batch!r:.40}")
-    return batches[0][1]

@@ -7,6 +7,9 @@ import copy
 import dataclasses
 import importlib.util
 import math
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,13 +21,13 @@ from conftest import on_devices
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-import course_lib.train as train_module
 from course_lib.configs import DecoderConfig, EncoderDecoderConfig, LMOutput
 from course_lib.device import num_threads
 from course_lib.models import DecoderLM, EncoderDecoder, count_parameters
 from course_lib.tasks import copy_task, recall_task, word_order_task
 from course_lib.train import (
     TrainConfig,
+    check_batch_form,
     estimate_loss,
     lm_batches,
     load_checkpoint,
@@ -214,6 +217,37 @@ def test_lm_batches():
     assert torch.equal(batch["targets"], batch["ids"] + 1)
     with pytest.raises(ValueError, match="block_size=8"):
         lm_batches(torch.arange(8), 4, 8)
+
+
+def test_lm_batches_checks_the_data_without_drawing_a_random_number():
+    data = torch.arange(50)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    lm_batches(data, 4, 8)
+    assert torch.equal(torch.rand(3), expected)  # torch's stream is where it was
+    generator = torch.Generator().manual_seed(0)
+    state = generator.get_state()
+    torch.manual_seed(0)
+    lm_batches(data, 4, 8, generator=generator)
+    assert torch.equal(torch.rand(3), expected)
+    assert torch.equal(generator.get_state(), state)  # and so is the batches' own
+
+
+def test_building_the_batches_first_gives_the_same_model():
+    def build():
+        return DecoderLM(DecoderConfig(vocab_size=50, d_model=16, n_heads=2, n_layers=1,
+                                       max_len=8))
+
+    torch.manual_seed(0)
+    plain = build()
+    torch.manual_seed(0)
+    lm_batches(torch.arange(50), 4, 8)
+    random_batches({"ids": torch.zeros(10, 8, dtype=torch.long)}, 4)
+    after_batches = build()
+    for (name, a), b in zip(plain.state_dict().items(), after_batches.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_random_batches_keeps_rows_together():
@@ -473,6 +507,8 @@ def test_bad_config_and_options():
         train(model, lambda: {}, {"max_iters": 3}, progress=False)
     with pytest.raises(TypeError, match=r"^progress .*True or False.*'no'"):
         train(model, lambda: {}, TrainConfig(max_iters=2, warmup_iters=1), progress="no")
+    with pytest.raises(TypeError, match=r"^desc .*str.*3"):
+        train(model, lambda: {}, TrainConfig(max_iters=2, warmup_iters=1), desc=3)
 
 
 def test_bad_callback():
@@ -564,17 +600,43 @@ def test_own_models_may_take_float_targets():
     assert len(history.steps) == 2
 
 
-def test_batches_are_checked_once_not_every_step(monkeypatch):
-    """The checks run before the loop (the first batch of each function), never in it."""
-    calls = []
-    original = train_module.check_first_batches
-    monkeypatch.setattr(train_module, "check_first_batches",
-                        lambda **fns: calls.append(list(fns)) or original(**fns))
+def test_train_draws_only_the_batches_it_uses():
+    """No check draws a batch: every batch drawn feeds an update or an evaluation."""
+    drawn = {"train": 0, "val": 0}
+
+    def counting(name):
+        def batches():
+            drawn[name] += 1
+            return {"ids": IDS, "targets": IDS}
+        return batches
+
     config = TrainConfig(max_iters=6, warmup_iters=1, eval_interval=3, eval_iters=2)
-    history = train(_tiny_decoder(5), lambda: {"ids": IDS, "targets": IDS}, config,
-                    val_batches=lambda: {"ids": IDS, "targets": IDS}, progress=False)
-    assert len(history.steps) == 6
-    assert calls == [["train_batches", "val_batches"]]
+    train(_tiny_decoder(5), counting("train"), config, val_batches=counting("val"),
+          progress=False)
+    evaluations = 3  # before the first update, after the 3rd and after the 6th
+    assert drawn == {"train": 6 + 2 * evaluations, "val": 2 * evaluations}
+
+
+def test_every_batch_is_checked_where_it_is_used():
+    """Not only the first: the fourth batch, of the wrong form, is refused by name."""
+    calls = []
+
+    def batches():
+        calls.append(len(calls))
+        return {"ids": IDS, "targets": IDS} if len(calls) < 4 else (IDS, IDS)
+
+    config = TrainConfig(max_iters=6, warmup_iters=1, eval_interval=6, eval_iters=1)
+    with pytest.raises(TypeError, match=r"^train_batches\(\) .*dict.*'targets'"):
+        train(_tiny_decoder(5), batches, config, progress=False)
+    assert len(calls) == 4  # evaluation, updates 1 and 2, then the bad one
+
+
+def test_the_batch_form_check_reads_no_values():
+    """Meta tensors have shapes and dtypes but no values: reading one would raise."""
+    ids = torch.zeros(2, 4, dtype=torch.long, device="meta")
+    check_batch_form("train_batches", {"ids": ids, "targets": ids})
+    with pytest.raises(ValueError, match=r"^train_batches\(\)\['targets'\] .*0-D"):
+        check_batch_form("train_batches", {"ids": ids, "targets": ids[0, 0]})
 
 
 class _Returns(nn.Module):
@@ -859,3 +921,300 @@ def test_a_checkpoint_restores_the_random_state_of_the_model_device(device, tmp_
     assert torch.equal(torch.rand(4, device=device), drawn)
     assert all(torch.equal(p, weights[name]) for name, p in model.state_dict().items())
     assert next(model.parameters()).device.type == device.type
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints: a refused file changes nothing, a stopped save damages nothing
+
+SHORT = TrainConfig(max_iters=4, warmup_iters=1, eval_interval=2, eval_iters=1)
+
+
+def _decoder(vocab_size=5, seed=0, **kw) -> DecoderLM:
+    torch.manual_seed(seed)
+    sizes = {"d_model": 32, "n_heads": 2, "n_layers": 1, "max_len": 16, **kw}
+    return DecoderLM(DecoderConfig(vocab_size=vocab_size, **sizes))
+
+
+@pytest.fixture
+def saved_run(tmp_path):
+    """A checkpoint of a tiny decoder after one AdamW update (so it holds moments), with one
+    batch generator and a config."""
+    model = _decoder()
+    optimizer = make_optimizer(model, SHORT)
+    ids = torch.randint(0, 5, (2, 8), generator=torch.Generator().manual_seed(0))
+    model(ids, targets=ids).loss.backward()
+    optimizer.step()
+    path = tmp_path / "run.pt"
+    save_checkpoint(path, model, optimizer, step=1, generators=[torch.Generator()],
+                    config=SHORT)
+    return path, model
+
+
+def _snapshot(model, optimizer, generators=()) -> dict:
+    """Copies of everything load_checkpoint may change."""
+    return {"model": {k: v.clone() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(optimizer.state_dict()) if optimizer else None,
+            "rng": torch.get_rng_state(), "generators": [g.get_state() for g in generators]}
+
+
+def _same(a, b, where="") -> None:
+    """Equal to the bit: every tensor by torch.equal (and dtype), the rest by ==."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), where
+        for key in a:
+            _same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def _adamw(model):
+    return make_optimizer(model, SHORT)
+
+
+# what to load the saved run into: (model, optimizer, generators, config), and the error
+REFUSED = {
+    "another vocabulary": (lambda: _decoder(7, seed=1), _adamw, 1, None,
+                           r"another config: vocab_size=5 \(now 7\)"),
+    "two layers": (lambda: _decoder(seed=1, n_layers=2), _adamw, 1, None,
+                   r"another config: n_layers=1 \(now 2\)"),
+    "other heads, same shapes": (lambda: _decoder(seed=1, n_heads=4), _adamw, 1, None,
+                                 r"another config: n_heads=2 \(now 4\)"),
+    "float64 weights": (lambda: _decoder(seed=1).double(), _adamw, 1, None,
+                        r"float32 weights where model has torch\.float64.*model\.to"),
+    "AdamW over a third": (lambda: _decoder(seed=1),
+                           lambda m: torch.optim.AdamW(list(m.parameters())[::3]), 1, None,
+                           r"parameter groups of \[\d+, \d+\] tensors, .* has \[\d+\]"),
+    "SGD": (lambda: _decoder(seed=1),
+            lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), 1, None,
+            r"optimizer class AdamW, but optimizer is SGD"),
+    "another model's AdamW": (lambda: _decoder(seed=1), lambda m: _adamw(_decoder(7)), 1, None,
+                              r"moments of other shapes.*\(5, 32\).*\(7, 32\)"),
+    "two generators": (lambda: _decoder(seed=1), _adamw, 2, None,
+                       r"1 batch generator\(s\), but 2 were given"),
+    "another config": (lambda: _decoder(seed=1), _adamw, 1, dataclasses.replace(SHORT, lr=0.1),
+                       r"another config: lr=0\.001 \(now 0\.1\)"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
+def test_a_refused_checkpoint_changes_nothing(saved_run, case):
+    path, _ = saved_run
+    make_model, make_optimizer_for, n_generators, config, match = REFUSED[case]
+    model = make_model()
+    optimizer = make_optimizer_for(model)
+    generators = [torch.Generator().manual_seed(i + 10) for i in range(n_generators)]
+    before = _snapshot(model, optimizer, generators)
+    with pytest.raises(ValueError, match=match) as refused:
+        load_checkpoint(path, model, optimizer, generators=generators, config=config)
+    assert str(path) in str(refused.value)  # the message names the file
+    _same(_snapshot(model, optimizer, generators), before)
+
+
+def test_the_snapshot_comparison_sees_a_load(saved_run):
+    """The comparison above can fail: a load that works changes all it compares."""
+    path, saved_model = saved_run
+    model = _decoder(seed=1)
+    optimizer = _adamw(model)
+    generators = [torch.Generator().manual_seed(10)]
+    before = _snapshot(model, optimizer, generators)
+    load_checkpoint(path, model, optimizer, generators=generators, config=SHORT)
+    after = _snapshot(model, optimizer, generators)
+    for part in ("model", "optimizer", "generators"):
+        with pytest.raises(AssertionError):
+            _same(after[part], before[part])
+    _same(after["model"], _snapshot(saved_model, None)["model"])
+
+
+def _layers(width=4, depth=2, tied=False) -> nn.Sequential:
+    torch.manual_seed(1)
+    layers = [nn.Linear(width, width) for _ in range(depth)]
+    if tied:
+        layers[1].weight = layers[0].weight
+    return nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize(("model", "match"), [
+    (lambda: _layers(width=6), r"does not fit model: 0\.weight \(4, 4\) \(model: \(6, 6\)\)"),
+    (lambda: _layers(depth=3), r"does not fit model: the model's \['2\.bias', '2\.weight'\]"),
+    (lambda: _layers(tied=True), r"ties weights \[\], model ties \[\['0\.weight', '1\.weight'\]\]"),
+], ids=["wider", "deeper", "tied"])
+def test_a_module_without_a_config_is_checked_by_its_weights(tmp_path, model, match):
+    path = tmp_path / "layers.pt"
+    saved = _layers()
+    save_checkpoint(path, saved, torch.optim.AdamW(saved.parameters()), step=0)
+    target = model()
+    optimizer = torch.optim.AdamW(target.parameters())
+    before = _snapshot(target, optimizer)
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(path, target, optimizer)
+    _same(_snapshot(target, optimizer), before)
+
+
+def _truncated(path, good):
+    path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(("write", "match"), [
+    (_truncated, r"cannot be read as a checkpoint.*truncated"),
+    (lambda path, good: path.write_bytes(b""), r"cannot be read as a checkpoint"),
+    (lambda path, good: path.write_text("step: 10\nweights: ...\n"),
+     r"cannot be read as a checkpoint.*another kind of file"),
+    (lambda path, good: torch.save(_decoder().state_dict(), path),
+     r"bare state_dict.*model\.load_state_dict\(torch\.load\(path\)\)"),
+    (lambda path, good: torch.save({"weights": 1}, path),
+     r"not a save_checkpoint file: it holds dict \['weights'\]"),
+], ids=["truncated", "empty", "text", "state_dict", "another dict"])
+def test_a_file_that_is_no_checkpoint_is_refused_by_name(saved_run, write, match):
+    good, _ = saved_run
+    path = good.with_name("other.pt")
+    write(path, good)
+    model = _decoder(seed=1)
+    optimizer = _adamw(model)
+    before = _snapshot(model, optimizer)
+    with pytest.raises(ValueError, match=match) as refused:
+        load_checkpoint(path, model, optimizer)
+    assert str(path) in str(refused.value)
+    _same(_snapshot(model, optimizer), before)
+
+
+def test_a_missing_checkpoint_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^path .*nope\.pt.*not a file"):
+        load_checkpoint(tmp_path / "nope.pt", _decoder())
+
+
+def test_a_config_with_numpy_numbers_is_saved_as_plain_numbers(tmp_path):
+    """A weights_only load reads no numpy scalars: the saved config holds Python ones."""
+    path = tmp_path / "run.pt"
+    model = _decoder()
+    config = dataclasses.replace(SHORT, seed=np.int64(3))
+    save_checkpoint(path, model, _adamw(model), step=0, config=config)
+    done = load_checkpoint(path, model, config=config)
+    assert done.config["seed"] == 3 and type(done.config["seed"]) is int
+
+
+@pytest.mark.parametrize(("changes", "error", "match"), [
+    (dict(history=[1.0, 0.5]), TypeError, r"^history must be a TrainHistory or None.*list"),
+    (dict(config={"lr": 1e-3}), TypeError, r"^config must be a TrainConfig or None.*dict"),
+    (dict(optimizer=None), TypeError, r"^optimizer must be a torch\.optim\.Optimizer.*None"),
+    (dict(path="FOLDER/missing/run.pt"), ValueError, r"^path .*no folder .*missing"),
+    (dict(path="FOLDER"), ValueError, r"^path .*got the folder"),
+], ids=["history list", "config dict", "no optimizer", "missing folder", "a folder"])
+def test_save_checkpoint_checks_before_writing_anything(tmp_path, changes, error, match):
+    model = _decoder()
+    arguments = {"path": tmp_path / "run.pt", "optimizer": _adamw(model), **changes}
+    if isinstance(arguments["path"], str):
+        arguments["path"] = arguments["path"].replace("FOLDER", str(tmp_path))
+    with pytest.raises(error, match=match):
+        save_checkpoint(arguments.pop("path"), model, arguments.pop("optimizer"), step=1,
+                        **arguments)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["missing folder", "a folder"])
+def test_train_checks_the_checkpoint_path_before_the_first_update(tmp_path, where):
+    path = tmp_path / "no_such_folder" / "run.pt" if where == "missing folder" else tmp_path
+    model = _decoder()
+    before = _snapshot(model, None)
+    drawn = []
+    with pytest.raises(ValueError, match=r"^checkpoint .*(no folder|got the folder)"):
+        train(model, lambda: drawn.append(1) or {"ids": IDS, "targets": IDS}, SHORT,
+              progress=False, checkpoint=path)
+    assert drawn == []
+    _same(_snapshot(model, None), before)
+
+
+def test_a_failed_save_removes_its_partial_file_and_keeps_the_old_one(saved_run, monkeypatch):
+    path, model = saved_run
+    good = path.read_bytes()
+
+    def disk_full(obj, file, **kwargs):
+        file.write(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(path, model, _adamw(model), step=2)
+    assert not path.with_name("run.pt.partial").exists()
+    assert path.read_bytes() == good
+
+
+def test_a_save_reaches_the_disk_before_the_rename(tmp_path, monkeypatch):
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append("fsync") or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append("replace") or replace(a, b))
+    model = _decoder()
+    save_checkpoint(tmp_path / "run.pt", model, _adamw(model), step=0)
+    # the file's bytes, the rename, then (on POSIX) the folder's entry
+    assert events == ["fsync", "replace"] + ["fsync"] * (os.name == "posix")
+    assert load_checkpoint(tmp_path / "run.pt", model).step == 0
+
+
+# A child process that saves a larger checkpoint over the good one, stalls once it has written
+# part of the file (its torch.save writes through a file that waits on stdin) and says so.
+_SAVE_AND_STALL = r"""
+import sys
+import torch
+import course_lib.train as train_module
+from course_lib.configs import DecoderConfig
+from course_lib.models import DecoderLM
+
+save = torch.save
+
+
+class Stalling:
+    def __init__(self, file):
+        self.file, self.written = file, 0
+
+    def write(self, data):
+        if self.written > 100_000:
+            self.file.flush()
+            print("part written", flush=True)
+            sys.stdin.read()  # the parent never writes: it kills this process
+        self.written += len(data)
+        return self.file.write(data)
+
+    def flush(self):
+        self.file.flush()
+
+
+train_module.torch.save = lambda obj, file, **kwargs: save(obj, Stalling(file), **kwargs)
+torch.manual_seed(1)
+model = DecoderLM(DecoderConfig(vocab_size=5, d_model=128, n_heads=2, n_layers=2, max_len=16))
+optimizer = torch.optim.AdamW(model.parameters())
+train_module.save_checkpoint(sys.argv[1], model, optimizer, step=2)
+print("saved", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="kills the saving process with SIGKILL")
+def test_a_save_killed_half_way_leaves_the_old_checkpoint_whole(saved_run):
+    path, model = saved_run
+    good, partial = path.read_bytes(), path.with_name("run.pt.partial")
+    child = subprocess.Popen([sys.executable, "-c", _SAVE_AND_STALL, str(path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        said = child.stdout.readline()
+        written = partial.stat().st_size if partial.exists() else 0
+    finally:
+        child.kill()
+        _, errors = child.communicate()
+    assert said == "part written\n", errors
+    assert child.returncode == -signal.SIGKILL
+    assert written > 100_000  # killed while the new file was half written
+    assert path.read_bytes() == good
+    restored = _decoder(seed=1)
+    optimizer = _adamw(restored)
+    assert load_checkpoint(path, restored, optimizer, generators=[torch.Generator()],
+                           config=SHORT).step == 1
+    _same(_snapshot(restored, None)["model"], _snapshot(model, None)["model"])
+    save_checkpoint(path, restored, optimizer, step=1)  # the next save writes over the rest
+    assert not partial.exists()
