@@ -14,19 +14,26 @@ clock (``course_lib.best_time``). ``tokenizers`` runs on one thread unless ``--p
 string; ours merges each distinct pre-token once per call, ``tokenizers`` keeps a cache of
 words across calls (the warm-up call fills it).
 
-Measured on a 2-core CPU shared with other programs (2026-11-27, tokenizers 0.23.3, one
-thread, best of 3; the last row ``--vocab 8192 --plays all --repeat 1``)::
+Measured on a 2-core CPU shared with other programs (load average 5 to 7; tokenizers 0.23.3,
+one thread, best of 3; the last row ``--vocab 8192 --plays all --repeat 1``). Ratios, ours over
+``tokenizers``, lowest to highest over five runs of each row (2026-11-28); before: one run each
+of the earlier trainer, which looked through every pair count at each merge::
 
-    text           vocab   train: ours  tokenizers  ratio   encode: ours  tokenizers  ratio
-    987,264 chars   4096        2.20 s      0.30 s   7.3x         0.25 s      0.41 s   0.6x
-    4,782,492       8192       16.5 s       1.92 s   8.6x         1.74 s      4.62 s   0.4x
+    text             vocab   train: before   now         encode: now   training, one run
+    987,264 chars     4096           7.3x    1.9-2.3x            0.6-0.8x   1.31 s vs 0.67 s
+    987,264 chars     8192          10.4x    2.0-2.4x            0.6-0.7x   1.39 s vs 0.70 s
+    4,782,492 chars   8192           6.1x    1.0-1.5x            0.3-0.4x   3.00 s vs 2.25 s
 
-Both learned the same merges and gave the same tokens. Training is slower here because each
-merge looks through every pair count for the most frequent (about three quarters of the time
-under a profiler); ``tokenizers`` keeps them in a priority queue, in Rust. Encoding one long
-string was faster here (not measured for short strings, nor with ``encode_batch``): ours
-returns only ids and merges each distinct word once per call, while ``tokenizers``' ``encode``
-returns an Encoding that also holds every token's string, offsets and masks.
+(The last row's "before" was 8.6x on 2026-11-27.)
+
+Both learned the same merges and gave the same tokens in every run. Training keeps the pair
+counts in a priority queue (``heapq``, with lazy invalidation: a popped entry whose count is
+out of date goes back with the current one), as ``tokenizers`` does in Rust; before, finding
+the most frequent pair by looking through every count took about three quarters of the time.
+Encoding one long string is faster here (not measured for short strings, nor with
+``encode_batch``): ours returns only ids and merges each distinct word once per call, while
+``tokenizers``' ``encode`` returns an Encoding that also holds every token's string, offsets
+and masks.
 """
 
 from __future__ import annotations

@@ -11,26 +11,39 @@ would start from the bytes seen in the text), ``min_frequency`` 0 and no ``limit
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ..bpe import BPETokenizer, bytes_to_unicode
+from ..bpe import BPETokenizer, bytes_to_unicode, printable
 
 BYTE_CHAR = bytes_to_unicode()  # byte -> the printable character tokenizers writes for it
 
 
-def printable(token: bytes) -> str:
-    """A token as tokenizers writes it (GPT-2's printable characters)."""
-    return "".join(BYTE_CHAR[b] for b in token)
+def _byte_level(model: models.BPE) -> Tokenizer:
+    """A tokenizers Tokenizer around ``model`` with GPT-2's byte-level pieces (no prefix space)."""
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def hf_from_files(directory: str | os.PathLike, special_tokens: Iterable[str] = ()) -> Tokenizer:
+    """tokenizers' byte-level BPE read from GPT-2's ``vocab.json`` and ``merges.txt`` in
+    ``directory``, with ``special_tokens`` (entries of vocab.json) split out whole."""
+    folder = Path(directory)
+    tokenizer = _byte_level(models.BPE.from_file(str(folder / "vocab.json"),
+                                                 str(folder / "merges.txt")))
+    tokenizer.add_special_tokens(list(special_tokens))
+    return tokenizer
 
 
 def hf_byte_level_bpe(texts: Iterable[str], vocab_size: int,
                       special_tokens: Iterable[str] = ()) -> Tokenizer:
     """tokenizers' byte-level BPE trained on ``texts`` (each a separate sequence)."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer = _byte_level(models.BPE())
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
