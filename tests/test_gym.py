@@ -110,3 +110,44 @@ def test_every_buggy_module_differs_from_its_reference(name):
     causal = gym.CASES[name].causal
     got = gym.run_cached(buggy, x, 2) if name == "cache" else buggy(x)
     assert (got - _out(ref, x, causal)).abs().max() > 1e-3
+
+
+# --- refusals, each naming the argument the learner passed
+
+
+@pytest.mark.parametrize(("build", "error", "match"), [
+    (lambda: gym.ScaleAttention(16, 0), ValueError, "n_heads must be an integer >= 1, got 0"),
+    (lambda: gym.ScaleAttention(16.0, 4), TypeError, "d_model must be an integer"),
+    (lambda: gym.CacheAttention(16, 4, dropout=1.5), ValueError, "dropout must be a number in"),
+    (lambda: gym.RotaryAttention(6, 2), ValueError, r"d_model / n_heads = 6 / 2 = 3 .* even"),
+    (lambda: gym.show(["softmax"]), ValueError, "name must be one of"),
+])
+def test_a_station_built_or_shown_with_a_bad_argument_names_it(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_a_station_subclassed_by_the_learner_is_checked_too():
+    class Fixed(gym.ScaleAttention):
+        pass
+
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=4"):
+        Fixed(10, 4)
+    assert Fixed(16, 4).d_head == 4
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda s, lo: gym.sample_frequencies("sampler", lo, 1.0), TypeError,
+     "sample must be a sampler"),
+    (lambda s, lo: gym.sample_frequencies(lambda lo, t: lo, lo, 1.0), TypeError,
+     r"sample\(logits, temperature, generator\): it is called with 3 arguments"),
+    (lambda s, lo: gym.sample_frequencies(s, lo[:0], 1.0), ValueError, r"logits has shape \(0,\)"),
+    (lambda s, lo: gym.repeated_token_spread("layer", 16), TypeError, "fn must be a function"),
+    (lambda s, lo: gym.permutation_gap(None, torch.randn(1, 3, 4)), TypeError,
+     "fn must be a function"),
+    (lambda s, lo: gym.run_cached("layer", torch.randn(1, 3, 16), 1), TypeError,
+     "layer must be an attention layer"),
+])
+def test_the_instruments_name_what_the_learner_passed(call, error, match):
+    with pytest.raises(error, match=match):
+        call(gym.sample_with_temperature, torch.randn(5))

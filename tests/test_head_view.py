@@ -115,6 +115,28 @@ def test_layer_and_head_are_checked_at_the_boundary():
     plt.close("all")
 
 
+def test_a_wrong_type_of_layer_or_head_is_refused_before_the_model_runs():
+    sentences = []
+
+    def counting_model(sentence):
+        sentences.append(sentence)
+        return toy_model(sentence)
+
+    for view in (head_view_widget, head_view):
+        with pytest.raises(TypeError, match=r"layer must be an integer, got '0' \(str\)"):
+            view(counting_model, "a b c", layer="0")
+        with pytest.raises(TypeError, match=r"head must be an integer, got 1.0 \(float\)"):
+            view(counting_model, "a b c", head=1.0)
+    assert sentences == []  # the model never ran: the checks come first
+
+
+def test_plot_layer_heads_refuses_zero_columns():
+    attentions, tokens = toy_model("a b c")
+    with pytest.raises(ValueError, match="columns must be an integer >= 1, got 0"):
+        plot_layer_heads(attentions, tokens, layer=0, columns=0)  # was a ZeroDivisionError
+    plt.close("all")
+
+
 def test_a_batch_of_several_sequences_is_refused(bert):
     out = bert.encode(["The cat sat.", "A dog barked loudly."])
     with pytest.raises(ValueError, match=r"attentions\[0\] has shape \(2, 12, 7, 7\): a batch "

@@ -17,8 +17,10 @@ import math
 import pytest
 import torch
 
+from course_lib import DecoderConfig, DecoderLM
 from course_lib.instruments.induction import (
     INDUCTION_VOCAB,
+    InductionLog,
     first_half_losses,
     half_losses,
     head_scores,
@@ -108,7 +110,25 @@ def test_the_recipe_is_deterministic_and_leaves_the_global_seed_alone():
     (lambda m: train_induction(m, steps=2, lr=-1.0), ValueError, "lr"),
     (lambda m: half_losses(m, torch.zeros(2, 5, dtype=torch.long)), ValueError, "2L"),
     (lambda m: head_scores(m, [1, 2]), ValueError, "repeated segments"),
+    (lambda m: InductionLog(steps=[0], second=[3.0]).drop_step("1"), TypeError,
+     "threshold must be a number"),
 ])
 def test_bad_arguments_are_named(call, error, match):
     with pytest.raises(error, match=match):
         call(induction_model(1, seed=0))
+
+
+def test_a_model_too_short_for_the_training_sequences_is_named():
+    torch.manual_seed(0)
+    short = DecoderLM(DecoderConfig(vocab_size=INDUCTION_VOCAB, d_model=16, n_heads=2,
+                                    n_layers=1, max_len=32))  # learned positions: a hard limit
+    with pytest.raises(ValueError, match="model has max_len=32 .* max_len >= 48"):
+        train_induction(short, steps=1, progress=False)  # blamed ids, which it never passed
+
+
+def test_a_partly_frozen_model_still_trains():
+    model = induction_model(1, seed=0)
+    model.embeddings.requires_grad_(False)
+    frozen = model.embeddings.token.weight.clone()
+    log = train_induction(model, steps=2, eval_every=2, n_eval=4, progress=False)
+    assert log.steps == [0, 2] and torch.equal(model.embeddings.token.weight, frozen)

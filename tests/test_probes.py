@@ -572,6 +572,8 @@ def test_top_never_ranks_nan():
     assert roles.n_queries["same word"] == 0
     with pytest.raises(ValueError, match=r"'same word' hold NaN"):
         roles.top("same word")
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):  # arguments first
+        roles.top("same word", k=0)
     assert all(score == score for _, _, score in roles.top("previous token", k=6))
 
 
@@ -883,6 +885,9 @@ def test_the_scores_read_a_real_models_attentions():
     (lambda: previous_token_score([[0.5, 0.5]]), TypeError, "weights"),
     (lambda: induction_score(torch.rand(4, 4), 0), ValueError, "segment_len"),
     (lambda: induction_score(torch.rand(4, 4), 2.0), TypeError, "segment_len"),
+    # no head: an empty score, whose mean is NaN (an empty batch: tests/test_refusals.py)
+    (lambda: previous_token_score(torch.rand(3, 0, 4, 4)), ValueError,
+     r"weights has shape \(3, 0, 4, 4\): no example or no head"),
 ])
 def test_the_pattern_scores_name_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
@@ -953,6 +958,10 @@ def test_ablate_head_path_changes_nothing_for_a_silent_head():
     (dict(layer=0, head=2, into_layer=1), ValueError, "n_heads=2"),
     (dict(layer=0, head=0, into_layer=1, parts="weights"), ValueError, "parts"),
     (dict(layer=-1, head=0, into_layer=1), ValueError, "layer"),
+    # the argument is head (one head), not heads
+    (dict(layer=0, head=1.5, into_layer=1), TypeError, r"^head must be an integer >= 0, got 1.5"),
+    (dict(layer=0, head=[0, 1], into_layer=1), TypeError, r"^head must be an integer"),
+    (dict(layer=0, head=0, into_layer=1, parts=3), TypeError, "parts must be one of"),
 ])
 def test_ablate_head_path_names_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match), ablate_head_path(_two_layer_decoder(), **kwargs):

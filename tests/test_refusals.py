@@ -7,17 +7,28 @@ import pytest
 import torch
 
 from course_lib import DecoderConfig, DecoderLM
-from course_lib.attention import MultiHeadAttention
+from course_lib.attention import MultiHeadAttention, padding_mask
+from course_lib.bpe import BPETokenizer
 from course_lib.cache import KVCache
 from course_lib.configs import EncoderConfig, EncoderDecoderConfig
+from course_lib.efficient import online_softmax_stats
 from course_lib.instruments import gym
 from course_lib.instruments.divergence import first_divergence
-from course_lib.instruments.induction import half_losses, train_induction
-from course_lib.instruments.probes import ablate_head_path, logit_lens
+from course_lib.instruments.induction import half_losses, induction_model, train_induction
+from course_lib.instruments.measure import kernel_used, peak_memory
+from course_lib.instruments.probes import (
+    ablate_head_path,
+    induction_score,
+    logit_lens,
+    previous_token_score,
+)
+from course_lib.instruments.tokens import bits_per_character
 from course_lib.layers import LayerNorm, RMSNorm, make_norm
 from course_lib.models import Encoder, MaskedLM
 from course_lib.pretrained import config_from_llama, load_llama_weights, rope_half_to_interleaved
+from course_lib.rnn import gradient_norms
 from course_lib.tasks import mask_tokens
+from course_lib.tokenizer import CharTokenizer
 from course_lib.train import TrainConfig, lr_schedule, train
 
 
@@ -108,6 +119,21 @@ def test_instruments_refuse_what_they_cannot_measure():
         half_losses(model, ids(b=0, t=8))
 
 
+def test_an_empty_batch_or_no_draws_is_refused_instead_of_giving_nan():
+    for score in (previous_token_score, lambda w: induction_score(w, 2)):
+        with pytest.raises(ValueError, match=r"weights has shape \(0, 2, 4, 4\): no example"):
+            score(torch.rand(0, 2, 4, 4))  # (B=0, H, T, T): an empty score, NaN once averaged
+    with pytest.raises(ValueError, match="n must be an integer >= 1, got 0"):
+        gym.sample_frequencies(gym.sample_with_temperature, torch.randn(5), 1.0, n=0)
+
+
+def test_a_string_for_a_flag_and_a_station_of_width_zero_are_refused():
+    with pytest.raises(TypeError, match="progress must be True or False, got 'no'"):
+        train_induction(induction_model(1, d_model=16), steps=1, progress="no")  # was True
+    with pytest.raises(ValueError, match="d_model must be an integer >= 1, got 0"):
+        gym.ScaleAttention(0, 2)  # built a layer of 0 features
+
+
 def test_models_of_other_sizes_are_not_compared_module_by_module():
     small, large = decoder(d_model=16), decoder(d_model=32)
     with pytest.raises(ValueError, match="cannot be compared.*shapes"):
@@ -150,7 +176,7 @@ def test_a_layer_cache_refuses_keys_whose_heads_are_not_split():
     cache = LayerKVCache()
     with pytest.raises(ValueError, match="split the heads before caching"):
         cache.update(torch.randn(1, 3, 8), torch.randn(1, 3, 8))  # (B, T, D): stored as is before
-    with pytest.raises(ValueError, match="must share"):
+    with pytest.raises(ValueError, match=r"value_states has shape \(1, 2, 5, 4\): T=5, but key_states has T=3"):
         cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4))
     keys, values = cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
     assert keys.shape == values.shape == (1, 2, 3, 4) and cache.get_seq_length() == 3
@@ -192,6 +218,19 @@ def _block_with_narrow_ffn():
         10, 10, d_model=16, n_heads=2, max_src_len=0), ValueError, "max_src_len must be"),
     (lambda: _block_with_narrow_ffn()(ids()), ValueError,
      r"block.ff maps 16 features to 8.*residual x \+ ff\(x\)"),
+    (lambda: bits_per_character(  # an AttributeError: no .logits
+        Encoder(EncoderConfig(vocab_size=300, d_model=16, n_heads=2, n_layers=1, max_len=16)),
+        BPETokenizer([]), "hello world", block_size=8), TypeError,
+     "model must be a decoder-only language model such as a DecoderLM.*got Encoder"),
+    (lambda: train_induction(  # died inside autograd: no tensor requires grad
+        induction_model(1, d_model=16).requires_grad_(False), steps=1, progress=False),
+     ValueError, "model has no parameter that requires grad"),
+    (lambda: ablate_head_path(decoder(n_layers=2), 0, 5, into_layer=1).__enter__(), ValueError,
+     r"^head must be a head of block 0, 0..1 \(n_heads=2\), got 5"),  # said "heads contains 5"
+    (lambda: peak_memory(lambda x: x + 1), TypeError,
+     r"fn must be a function with no arguments, called as fn\(\): it is called with 0 "
+     r"arguments, but its signature is \(x\)"),
+    (lambda: kernel_used(lambda q, k, v: None), TypeError, r"fn\(\).*signature is \(q, k, v\)"),
 ])
 def test_cryptic_errors_now_name_the_problem(call, error, message):
     with pytest.raises(error, match=message):
@@ -201,12 +240,12 @@ def test_cryptic_errors_now_name_the_problem(call, error, message):
 def test_a_cache_of_another_batch_or_other_heads_says_which():
     cache = KVCache()
     decoder(n_layers=1)(ids(b=2), past_key_values=cache)
-    with pytest.raises(ValueError, match="the KV cache holds.*for another batch"):
+    with pytest.raises(ValueError, match="^past_key_values holds.*for another batch"):
         decoder(n_layers=1)(ids(b=3, t=1), past_key_values=cache)
     torch.manual_seed(0)
     four_heads = DecoderLM(DecoderConfig(vocab_size=10, d_model=16, n_heads=4, n_layers=1,
                                          max_len=16)).eval()
-    with pytest.raises(ValueError, match="the KV cache holds.*other heads or head widths"):
+    with pytest.raises(ValueError, match="^past_key_values holds.*other heads or head widths"):
         four_heads(ids(b=2, t=1), past_key_values=cache)
 
 
@@ -216,9 +255,50 @@ def test_a_cache_of_another_batch_or_other_heads_says_which():
     (lambda: gym.run_cached(MultiHeadAttention(16, 4), torch.randn(1, 6, 16), -1), ValueError,
      r"split must be 1..T = 1..6"),
     (lambda: gym.repeated_token_spread(lambda h: h, 0), ValueError, "d_model must be"),
+    (lambda: gym.sample_frequencies(gym.sample_with_temperature, torch.randn(5), 1.0, n=-5),
+     ValueError, "n must be an integer >= 1, got -5"),  # torch: integer multiplication overflow
+    (lambda: gym.QueryAxisAttention(10, 3)(torch.randn(1, 3, 10)), ValueError,
+     "d_model=10 is not divisible by n_heads=3"),  # RuntimeError: shape '[1, 3, 3, 3]' is invalid
+    (lambda: gym.ScaleAttention(16, 0), ValueError,
+     "n_heads must be an integer >= 1, got 0"),  # ZeroDivisionError
     (lambda: gym.sample_frequencies(gym.sample_with_temperature, torch.randn(5), "1"), TypeError,
      "temperature must be a number"),
 ])
 def test_the_gym_instruments_name_bad_arguments(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# Messages that named a neighbouring word instead of the argument the learner passed, and
+# calls that died deep inside torch or Python.
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: MultiHeadAttention(16, 2, rope=True, rope_theta=0.0), ValueError,
+     r"^rope_theta must be a number > 0"),  # said "base", RotaryEmbedding's word
+    (lambda: CharTokenizer.from_text(""), ValueError, r"^text is empty"),  # said "chars"
+    (lambda: CharTokenizer.from_text(None), TypeError, r"^text must be a str"),
+    (lambda: gradient_norms("rnn", torch.randn(3, 2)), TypeError,
+     r"^fn must be a function"),  # 'str' object is not callable
+    (lambda: gradient_norms(lambda a, b: a, torch.randn(3, 2)), TypeError,
+     r"^fn must be a function.*called with 1 arguments"),
+    (lambda: make_norm("rms", "16"), TypeError, r"^d_model must be an integer.*16 without quotes"),
+    (lambda: padding_mask("ab"), TypeError, r"^lengths must be B integers"),
+    (lambda: online_softmax_stats(iter([])), ValueError, r"^blocks is empty"),
+    (lambda: online_softmax_stats([torch.zeros(2, 3), torch.zeros(3, 3)]), ValueError,
+     r"^blocks\[1\] has shape \(3, 3\)"),
+])
+def test_messages_name_the_argument_the_learner_passed(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_a_cache_names_the_argument_it_was_passed_as():
+    cache = KVCache()
+    decoder(n_layers=1)(ids(b=2), past_key_values=cache)
+    with pytest.raises(ValueError, match=r"^past_key_values holds"):
+        decoder(n_layers=1)(ids(b=3, t=1), past_key_values=cache)
+    with pytest.raises(ValueError, match=r"^past_key_value holds"):
+        MultiHeadAttention(16, 2)(torch.randn(3, 1, 16), past_key_value=cache.layer(0))
+    keys = cache.layer(0).keys
+    with pytest.raises(ValueError, match=r"^the cache holds .*Dv"):  # values of another width
+        cache.layer(0).update(keys[:, :, :1], torch.zeros(*keys.shape[:2], 1, 5))

@@ -20,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib import DecoderConfig, DecoderLM
 from course_lib.bpe import BPETokenizer, train_bpe
+from course_lib.configs import EncoderConfig, EncoderDecoderConfig
 from course_lib.corpus import shakespeare_text
 from course_lib.instruments.tokens import (
     PASTELS,
@@ -29,8 +30,10 @@ from course_lib.instruments.tokens import (
     show_tokens,
     token_text,
     token_widget,
+    tokens_html,
     tokens_report,
 )
+from course_lib.models import Encoder, EncoderDecoder, MaskedLM
 from course_lib.train import TrainHistory
 
 BYTES = BPETokenizer([])
@@ -242,6 +245,9 @@ def test_attention_flops_per_char_match_flop_counter_mode():
      "vocab_size"),
     (lambda tok: bits_per_character(EqualLogits(256, 8), tok, "abc", block_size=9), ValueError,
      "max_len"),
+    (lambda tok: token_text("ab"), TypeError, "token must be the bytes of one token"),
+    (lambda tok: tokens_html("bytes", "a"), TypeError, "tokenizer must be a BPETokenizer"),
+    (lambda tok: tokens_report([tok], "a"), TypeError, "tokenizers must be a dict"),
 ])
 def test_refusals_name_the_argument(call, error, named):
     with pytest.raises(error, match=re.escape(named)):
@@ -267,6 +273,34 @@ def test_equal_compute_run_refusals_name_the_argument(changes, error, named):
                      seed=0)
     with pytest.raises(error, match=re.escape(named)):
         equal_compute_run(**{**arguments, **changes})
+
+
+def _not_a_decoder(kind):
+    config = EncoderConfig(vocab_size=256, d_model=16, n_heads=2, n_layers=1, max_len=16)
+    if kind == "EncoderDecoder":
+        return EncoderDecoder(EncoderDecoderConfig.shared(256, 256, d_model=16, n_heads=2))
+    return {"Encoder": Encoder, "MaskedLM": MaskedLM}[kind](config)
+
+
+@pytest.mark.parametrize("kind", ["Encoder", "MaskedLM", "EncoderDecoder"])
+def test_a_model_that_does_not_predict_the_next_token_is_refused_naming_model(kind):
+    """An Encoder died with an AttributeError (no .logits) and an EncoderDecoder without its
+    target; a MaskedLM, which sees the tokens it predicts, gave a number that meant nothing."""
+    with pytest.raises(TypeError, match=f"model must be a decoder-only language model such as "
+                                        f"a DecoderLM.*got {kind}"):
+        bits_per_character(_not_a_decoder(kind), BYTES, "hello world", block_size=8)
+
+
+class EqualLogitsWithoutParameters(EqualLogits):
+    def __init__(self) -> None:
+        super().__init__(256)
+        del self.dummy
+
+
+def test_a_model_without_parameters_is_scored_on_the_cpu():
+    text = "To be, or not to be."
+    got = bits_per_character(EqualLogitsWithoutParameters(), BYTES, text, block_size=4)
+    assert got == pytest.approx(8.0)  # was a StopIteration from next(model.parameters())
 
 
 def test_numpy_integers_are_accepted():

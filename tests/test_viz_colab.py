@@ -51,6 +51,12 @@ def test_interactive_without_a_front_end_calls_the_function_once_with_its_defaul
     assert calls == [5]
 
 
+def test_interactive_refuses_what_it_cannot_call():
+    with pytest.raises(TypeError, match="function must be a function whose keyword arguments "
+                                        "are the controls, got str"):
+        interactive("plot", n=(1, 9))
+
+
 def test_widgets_built_from_abbreviations():
     slider = _make_widget(ipywidgets, "temperature", (0.1, 5.0, 0.1), 1.0)
     assert isinstance(slider, ipywidgets.FloatSlider) and slider.value == 1.0

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .._validate import (
+    require_bool,
     require_callable,
     require_int,
     require_positive_int,
@@ -79,6 +80,21 @@ def _check_model(model: object) -> DecoderLM:
                         f"induction is measured on next-token losses and causal attention), got "
                         f"{type(model).__name__}")
     return model
+
+
+def _check_trainable(model: DecoderLM) -> None:
+    """A DecoderLM that the training sequences fit and that has something to train."""
+    config = model.config
+    longest = 2 * SEGMENT_LENS[1]
+    if config.positions == "learned" and config.max_len < longest:
+        raise ValueError(f"model has max_len={config.max_len} (learned positions), but the "
+                         f"training sequences are up to {longest} tokens long (two copies of a "
+                         f"segment of up to {SEGMENT_LENS[1]}); build it with max_len >= "
+                         f"{longest}, as induction_model does")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("model has no parameter that requires grad (all are frozen, "
+                         "requires_grad=False), so training could change nothing; unfreeze "
+                         "them with model.requires_grad_(True)")
 
 
 def _check_ids(ids: object) -> torch.Tensor:
@@ -162,6 +178,7 @@ class InductionLog:
     def drop_step(self, threshold: float = 1.0) -> int | None:
         """The first evaluated step whose repeated-half loss is below ``threshold`` (None if
         none): where the phase change happened."""
+        require_positive_number("threshold", threshold)
         return next((s for s, loss in zip(self.steps, self.second, strict=True)
                      if loss < threshold), None)
 
@@ -198,6 +215,8 @@ def train_induction(
                                   ("n_eval", n_eval)))
     eval_every = require_positive_int("eval_every", eval_every)
     require_positive_number("lr", lr)
+    require_bool("progress", progress)
+    _check_trainable(model)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(require_int("seed", seed))
     device = next(model.parameters()).device

@@ -40,7 +40,8 @@ def kernel_used(fn: Callable[[], Any]) -> str:
     Args:
         fn: a function with no arguments, e.g. ``lambda: F.scaled_dot_product_attention(q, k, v)``.
     """
-    require_callable("fn", fn, "a function with no arguments", "wrap the call in a lambda")
+    require_callable("fn", fn, "a function with no arguments, called as fn()",
+                     "wrap the call in a lambda: lambda: attention(q, k, v)", n_args=0)
     with _OperatorNames() as ops:
         fn()
     fused = [name for name in ops.names if "scaled_dot_product" in name]
@@ -102,7 +103,8 @@ def peak_memory(fn: Callable[[], Any]) -> int:
     Returns:
         Peak bytes, an int.
     """
-    require_callable("fn", fn, "a function with no arguments", "wrap the call in a lambda")
+    require_callable("fn", fn, "a function with no arguments, called as fn()",
+                     "wrap the call in a lambda: lambda: attention(q, k, v)", n_args=0)
     tracker = _TensorMemory()
     with tracker:
         result = fn()

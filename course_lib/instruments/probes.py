@@ -588,13 +588,14 @@ class HeadRoles:
         if role not in HEAD_ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, HEAD_ROLES))}, "
                              f"got {role!r}")
+        k = require_positive_int("k", k)
         score = self.scores[role]  # (L, H)
         if not bool(torch.isfinite(score).all()):  # NaN would rank first
             raise ValueError(
                 f"the scores for role {role!r} hold NaN (n_queries[{role!r}] = "
                 f"{self.n_queries[role]}: no query token had this role, e.g. no repeated word "
                 "for 'same word'), so there is nothing to rank; give more sentences")
-        best = score.flatten().topk(min(require_positive_int("k", k), score.numel()))
+        best = score.flatten().topk(min(k, score.numel()))
         n_heads = score.shape[1]
         return [(int(i) // n_heads, int(i) % n_heads, float(v))
                 for v, i in zip(best.values, best.indices, strict=True)]
@@ -759,6 +760,10 @@ def _check_weights(weights: object, min_len: int = 2) -> torch.Tensor:
     if weights.shape[-1] < min_len:
         raise ValueError(f"weights has T = {weights.shape[-1]} positions; the score needs at "
                          f"least {min_len}")
+    if weights.numel() == 0:
+        raise ValueError(f"weights has shape {shape_of(weights)}: no example or no head "
+                         "(a dimension of size 0), so there is no score to measure (its mean "
+                         "would be NaN); give at least one sequence and one head")
     require_finite("weights", weights, "a score of NaN says nothing about the head")
     return weights
 
@@ -858,7 +863,13 @@ def ablate_head_path(
         raise ValueError(f"need layer < into_layer < n_layers = {n_layers}; got layer={layer}, "
                          f"into_layer={into_layer}: a head can only change what later "
                          "layers read")
-    chosen = _check_heads_to_ablate(blocks[layer].self_attn, [head])[0]
+    n_heads = blocks[layer].self_attn.n_heads
+    chosen = require_int("head", head, minimum=0)
+    if chosen >= n_heads:
+        raise ValueError(f"head must be a head of block {layer}, 0..{n_heads - 1} "
+                         f"(n_heads={n_heads}), got {head}")
+    if not isinstance(parts, Iterable):
+        raise TypeError(f"parts must be one of {PATH_PARTS} or a list of them, got {parts!r}")
     parts = [parts] if isinstance(parts, str) else list(parts)
     if not parts:
         raise ValueError(f"parts is empty: nothing would be ablated; choose from {PATH_PARTS}")

@@ -23,11 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import check_bools, check_positive_ints, require_int, require_positive_number
+from .._validate import (
+    check_bools,
+    check_positive_ints,
+    require_instance,
+    require_int,
+    require_positive_number,
+)
 from ..bpe import BPETokenizer, check_text
 from ..configs import DecoderConfig
 from ..device import get_device, seed_everything
-from ..models import DecoderLM, count_parameters
+from ..models import DecoderLM, Encoder, EncoderDecoder, MaskedLM, count_parameters
 from ..train import TrainConfig, TrainHistory, lm_batches, train
 
 SHOWN_AS = {" ": "·", "\n": "↵"}  # what show_tokens draws instead of invisible characters
@@ -42,6 +48,8 @@ def token_text(token: bytes) -> str:
     """A token's bytes as they are shown: UTF-8 characters, with ``·`` for a space, ``↵`` for
     a newline and ``<0xE2>`` for each byte that is not part of a whole character in the token
     (a character cut between two tokens)."""
+    require_instance("token", token, bytes, "the bytes of one token",
+                     "e.g. tokenizer.vocab[i]")
     # surrogateescape maps each undecodable byte b to the lone surrogate U+DC00 + b
     chars = token.decode("utf-8", errors="surrogateescape")
     return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF
@@ -61,6 +69,8 @@ def show_tokens(tokenizer: BPETokenizer, text: str):
 def tokens_html(tokenizer: BPETokenizer, text: str) -> str:
     """The HTML of :func:`show_tokens`: a ``<div>`` holding one ``<span>`` per token (a line
     break follows a token that ends a line)."""
+    check_tokenizer(tokenizer)
+    check_text("text", text)
     spans = []
     for n, i in enumerate(tokenizer.encode(text)):
         token = tokenizer.vocab[i]
@@ -73,6 +83,8 @@ def tokens_html(tokenizer: BPETokenizer, text: str) -> str:
 
 def tokens_report(tokenizers: dict[str, BPETokenizer], text: str) -> str:
     """Each tokenizer's name, token count and coloured tokens, as one HTML string."""
+    check_tokenizers(tokenizers)
+    check_text("text", text)
     parts = [f"<p><b>{html.escape(name)}</b> (V = {tok.vocab_size:,}): "
              f"{len(tok.encode(text)):,} tokens for {len(text):,} characters</p>"
              + tokens_html(tok, text) for name, tok in tokenizers.items()]
@@ -155,7 +167,8 @@ def bits_per_character(model: nn.Module, tokenizer: BPETokenizer, text: str, *,
     windows = [full.unfold(0, block_size + 1, block_size)] if n_full else []  # (n, T + 1)
     if len(ids) - 1 > n_full * block_size:  # the shorter last window
         windows.append(data[n_full * block_size:][None])  # (1, T' + 1)
-    device, was_training = next(model.parameters()).device, model.training
+    device = next(model.parameters(), torch.empty(0)).device  # a model without parameters: CPU
+    was_training = model.training
     model.eval()
     nats = 0.0
     try:
@@ -293,12 +306,25 @@ def check_enough_text(name: str, text: object, tokenizer: BPETokenizer, needed: 
     return ids
 
 
+_NOT_AN_LM = {  # why bits_per_character cannot score these course_lib models
+    Encoder: "which returns hidden states, not next-token logits",
+    MaskedLM: "which sees every token, those it would predict included, so its score would "
+              "mean nothing",
+    EncoderDecoder: "which needs a source sequence as well",
+}
+
+
 def check_scoring(model: object, tokenizer: object, text: object, block_size: object,
                   batch_size: object) -> tuple[list[int], int, int]:
     """bits_per_character's arguments; returns the ids of ``text``, block_size, batch_size."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module such as a DecoderLM, got "
                         f"{type(model).__name__}")
+    why = next((why for kind, why in _NOT_AN_LM.items() if isinstance(model, kind)), None)
+    if why is not None:
+        raise TypeError(f"model must be a decoder-only language model such as a DecoderLM, "
+                        f"whose model(ids).logits at position t predict token t + 1 from tokens "
+                        f"0..t; got {type(model).__name__}, {why}")
     check_tokenizer(tokenizer)
     check_positive_ints(block_size=block_size, batch_size=batch_size)
     config = getattr(model, "config", None)

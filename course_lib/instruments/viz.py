@@ -13,7 +13,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import torch
 
-from .._validate import require_int
+from .._validate import require_callable, require_int, require_positive_int
 
 
 def use_course_style() -> None:
@@ -138,6 +138,7 @@ def interactive(function: Callable[..., Any], **controls: Any) -> None:
 
     Nothing is returned, so the widget is shown once even when this is a cell's last line.
     """
+    require_callable("function", function, "a function whose keyword arguments are the controls")
     try:
         import ipywidgets
         from IPython import get_ipython
@@ -294,6 +295,7 @@ def plot_layer_heads(
 ) -> plt.Figure:
     """All heads of one layer side by side (small multiples, tokens on both axes of the
     first column and the last row)."""
+    columns = require_positive_int("columns", columns)
     stack = _attention_stack(attentions, tokens)  # (L, H, n, n)
     n_heads, n = stack.shape[1], len(tokens)
     layer = _check_index("layer", layer, stack.shape[0])
@@ -330,7 +332,10 @@ def head_view_widget(
     """
     import ipywidgets
 
-    attend = lru_cache(maxsize=8)(lambda text: _as_stack(_encoder_fn(model), text))
+    encoder_fn = _encoder_fn(model)
+    require_int("layer", layer)  # their range is checked once the model has run
+    require_int("head", head)
+    attend = lru_cache(maxsize=8)(lambda text: _as_stack(encoder_fn, text))
     stack, _ = attend(sentence)
     n_layers, n_heads = stack.shape[:2]
     layer = _check_index("layer", layer, n_layers)  # the sliders start in range
@@ -384,6 +389,9 @@ def head_view(
         ValueError: ``layer`` or ``head`` outside the model's range (negative values count
             from the end).
     """
+    encoder_fn = _encoder_fn(model)
+    require_int("layer", layer)  # their range is checked once the model has run
+    require_int("head", head)
     try:
         import ipywidgets  # noqa: F401
         from IPython import get_ipython
@@ -391,7 +399,7 @@ def head_view(
     except ImportError:
         get_ipython = None
     if get_ipython is None or get_ipython() is None:
-        stack, tokens = _as_stack(_encoder_fn(model), sentence)
+        stack, tokens = _as_stack(encoder_fn, sentence)
         plot_head(stack, tokens, layer, head)  # checks layer and head
         plt.show()
         return
