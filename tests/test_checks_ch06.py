@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -843,7 +844,10 @@ def test_heads_apart_holds_for_a_correct_layer_and_fails_for_the_suspect():
 
 
 @pytest.mark.parametrize("answer", [(0.25, 4.0), (16 / 64, math.sqrt(16)), [0.25, 4.0],
-                                    (np.float32(0.25), np.float64(4)), (0.26, 4.1)])
+                                    (np.float32(0.25), np.float64(4)), (0.26, 4.1),
+                                    (0.25, 4), (0.25, np.int64(4)), (Fraction(1, 4), 4)],
+                         ids=["floats", "computed", "a list", "numpy floats", "rounded",
+                              "an int divisor", "a numpy int divisor", "a fraction and an int"])
 def test_scale_predictions_accepts_the_right_numbers(answer, capsys):
     check_scale_predictions(lambda: answer)
     out = capsys.readouterr().out
@@ -864,10 +868,11 @@ WRONG_PREDICTIONS = {
     "one number": (0.25, "two numbers"),
     "nothing": (None, "two numbers"),
     "three numbers": ((0.25, 4.0, 1.0), "two numbers"),
-    "an int divisor": ((0.25, 4), r"the divisor should be a number.*float\(\.\.\.\)"),
+    "a str divisor": ((0.25, "4"), r"the divisor should be a number.*an int or a float"),
     "0-d tensors": ((torch.tensor(0.25), torch.tensor(4.0)),
                     r"the predicted variance should be.*\.item\(\)"),
     "a bool": ((True, 4.0), "should be a number"),
+    "an int variance that is wrong": ((1, 4), "still makes the variance 1"),
 }
 
 

@@ -631,7 +631,8 @@ def test_kv_cache_bytes_rejects_wrong_answers(name):
 
 
 def make_gpt(*, causal=True, softmax_dim=-1, scale="head", merge="transpose", split="view",
-             block="pre-norm", positions=True, final_norm=True, attention="matmul"):
+             block="pre-norm", positions=True, final_norm=True, attention="matmul",
+             mask="tril", swap_qk=False, heads="loop"):
     """The capstone's MyGPT class, right (the defaults) or with one planted mistake."""
 
     class CausalSelfAttention(nn.Module):
@@ -645,10 +646,25 @@ def make_gpt(*, causal=True, softmax_dim=-1, scale="head", merge="transpose", sp
             B, T, D = x.shape
             H, Dh = self.n_heads, D // self.n_heads
             q, k, v = self.qkv(x).chunk(3, dim=-1)
+            if attention == "per-head loop":  # one head at a time, its slice of the features
+                outs = []
+                causal_mask = torch.ones(T, T, dtype=torch.bool).tril()
+                for h in range(H):
+                    part = slice(h * Dh, (h + 1) * Dh)
+                    scores = q[..., part] @ k[..., part].transpose(-2, -1) / math.sqrt(Dh)
+                    scores = scores.masked_fill(~causal_mask, float("-inf"))
+                    outs.append(torch.softmax(scores, dim=-1) @ v[..., part])  # (B, T, Dh)
+                return self.proj(torch.cat(outs, dim=-1))
             if split == "view":
                 q, k, v = (t.view(B, T, H, Dh).transpose(1, 2) for t in (q, k, v))
+            elif split == "dh_h":  # (B, Dh, T, H): Dh 'heads' of H features
+                q, k, v = (t.view(B, T, Dh, H).transpose(1, 2) for t in (q, k, v))
+            elif split == "interleaved":  # head h gets features h, h + H, ...
+                q, k, v = (t.view(B, T, Dh, H).permute(0, 3, 1, 2) for t in (q, k, v))
             else:
                 q, k, v = (t.reshape(B, H, T, Dh) for t in (q, k, v))
+            if swap_qk:
+                q, k = k, q
             if attention == "sdpa":
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
@@ -657,12 +673,17 @@ def make_gpt(*, causal=True, softmax_dim=-1, scale="head", merge="transpose", sp
                 else:
                     scores = q @ k.transpose(-2, -1)
                 if scale != "none":
-                    scores = scores / math.sqrt(Dh if scale == "head" else D)
+                    scores = scores / {"head": math.sqrt(Dh), "model": math.sqrt(D),
+                                       "d_head": Dh, "width": math.sqrt(q.shape[-1])}[scale]
                 if causal:
-                    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+                    ones = torch.ones(T, T, dtype=torch.bool)
+                    future = {"tril": ones.triu(1), "future": ~ones.triu(),
+                              "inverted": ~ones.triu(1), "no_self": ones.triu()}[mask]
                     scores = scores.masked_fill(future, float("-inf"))
                 out = torch.softmax(scores, dim=softmax_dim) @ v  # (B, H, T, Dh)
-            if merge == "transpose":
+            if split == "interleaved":
+                out = out.permute(0, 2, 3, 1).reshape(B, T, D)
+            elif merge == "transpose":
                 out = out.transpose(1, 2).reshape(B, T, D)
             else:
                 out = out.reshape(B, T, D)
@@ -711,16 +732,27 @@ def make_gpt(*, causal=True, softmax_dim=-1, scale="head", merge="transpose", sp
     return MyGPT
 
 
-def make_loop(*, zero_grad="before", step=True, clip=False, returns="list"):
+def make_loop(*, zero_grad="before", step=True, clip=False, returns="list", batch_once=False,
+              targets="targets"):
     """The capstone's train_my_gpt, right (the defaults) or with one planted mistake."""
+
+    def loss_of(logits, batch):
+        if targets == "ids shifted":  # right too: ids[:, 1:] are targets[:, :-1]
+            return F.cross_entropy(logits[:, :-1].transpose(1, 2), batch["ids"][:, 1:])
+        if targets == "shifted twice":
+            return F.cross_entropy(logits[:, :-1].transpose(1, 2), batch["targets"][:, 1:])
+        if targets == "ids":
+            return F.cross_entropy(logits.transpose(1, 2), batch["ids"])
+        return F.cross_entropy(logits.transpose(1, 2), batch["targets"])  # (B, V, T)
 
     def train_my_gpt(model, batches, n_updates, lr):
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         losses = []
+        once = batches() if batch_once else None
         for _ in range(n_updates):
-            batch = batches()
+            batch = once if batch_once else batches()
             logits = model(batch["ids"])
-            loss = F.cross_entropy(logits.transpose(1, 2), batch["targets"])  # (B, V, T)
+            loss = loss_of(logits, batch)
             if zero_grad == "before":
                 optimizer.zero_grad()
             loss.backward()
@@ -742,8 +774,10 @@ def test_gpt_names_cover_every_decoder_parameter_once():
     from course_lib.course.checks.ch09 import GPT_PARITY_CONFIG
     from course_lib.models import DecoderLM
 
-    names = [n for n, _ in DecoderLM(GPT_PARITY_CONFIG).named_parameters()]
-    mine = dict(make_gpt()(11, 16, 4, 2, 12).named_parameters())
+    c = GPT_PARITY_CONFIG
+    names = [n for n, _ in DecoderLM(c).named_parameters()]
+    mine = dict(make_gpt()(c.vocab_size, c.d_model, c.n_heads, c.n_layers,
+                           c.max_len).named_parameters())
     assert sorted(gpt_name(n) for n in names) == sorted(mine)
 
 
@@ -751,7 +785,9 @@ def test_gpt_names_cover_every_decoder_parameter_once():
     (make_gpt(), make_loop()),
     (make_gpt(attention="sdpa"), make_loop(zero_grad="after", clip=True, returns="tuple")),
     (make_gpt(attention="einsum"), make_loop(returns="numpy")),
-], ids=["solution", "sdpa, zero_grad after the step, clipping", "einsum, numpy losses"])
+    (make_gpt(attention="per-head loop"), make_loop(targets="ids shifted")),
+], ids=["solution", "sdpa, zero_grad after the step, clipping", "einsum, numpy losses",
+        "a loop over heads, targets taken from the ids"])
 def test_my_gpt_accepts_correct_answers(model, loop, capsys):
     check_my_gpt(model, loop)
     out = capsys.readouterr().out
@@ -763,9 +799,20 @@ WRONG_GPT = {
     "softmax over the wrong axis": (dict(softmax_dim=-2), "softmax over the wrong axis"),
     "no 1/sqrt(d)": (dict(scale="none"), "does not scale the scores"),
     "1/sqrt(d_model)": (dict(scale="model"), r"divides the scores by sqrt\(d_model\)"),
+    "1/d_head": (dict(scale="d_head"), r"divides the scores by d_head: .*sqrt\(d_head\)"),
+    "mask the wrong way round (triu)": (dict(mask="future"), "itself and the FUTURE only"),
+    "mask inverted (fills the allowed)": (dict(mask="inverted"), "masks the past instead"),
+    "mask without the diagonal": (dict(mask="no_self"), "masks the diagonal too"),
+    "queries and keys swapped": (dict(swap_qk=True), "swaps the queries and the keys"),
+    "heads split as (Dh, H)": (dict(split="dh_h"), r"splits D as \(d_head, n_heads\)"),
+    "heads split as (Dh, H), scaled by its width": (dict(split="dh_h", scale="width"),
+                                                    r"splits D as \(d_head, n_heads\)"),
+    "heads interleaved": (dict(split="interleaved"), "every n_heads-th feature"),
     "post-norm": (dict(block="post-norm"), "is post-norm"),
     "heads merged in the wrong order": (dict(merge="reshape"), "merges the heads in the wrong"),
     "heads split in the wrong order": (dict(split="reshape"), "splits the heads in the wrong"),
+    "heads split and merged by reshape": (dict(split="reshape", merge="reshape"),
+                                          "splits the heads in the wrong"),
     "no residual": (dict(block="no residual"), "no residual connections"),
     "no position embeddings": (dict(positions=False), "position embeddings are missing"),
     "no final norm": (dict(final_norm=False), "final LayerNorm is missing"),
@@ -777,14 +824,29 @@ WRONG_GPT = {
 @pytest.mark.parametrize("name", list(WRONG_GPT))
 def test_my_gpt_names_the_first_wrong_part(name):
     options, message = WRONG_GPT[name]
-    with pytest.raises(CheckFailure, match=message):
+    with pytest.raises(CheckFailure, match=message) as info:
         check_my_gpt(make_gpt(**options), make_loop())
+    if name != "1/sqrt(d_model)":  # sqrt(d_model) is named for that mistake only
+        assert "sqrt(d_model)" not in str(info.value)
+
+
+def test_the_parity_sizes_tell_every_head_size_apart():
+    """D_h, H and sqrt(D) all differ, so that no confusion of them computes the right thing."""
+    from course_lib.course.checks.ch09 import GPT_PARITY_CONFIG as c
+
+    d_head = c.d_model // c.n_heads
+    assert len({d_head, c.n_heads, math.sqrt(c.d_model), math.sqrt(d_head)}) == 4
 
 
 WRONG_LOOPS = {
     "never calls zero_grad": (dict(zero_grad="never"), "never clears the gradients"),
     "never steps": (dict(step=False), r"never changed the weights: .*optimizer\.step\(\)"),
     "returns nothing": (dict(returns="none"), "return the list of its 300 training losses"),
+    "one batch for every update": (dict(batch_once=True), r"trains on ONE batch.*Draw a new "
+                                                          r"batch every step"),
+    "targets shifted twice": (dict(targets="shifted twice"), r"AFTER the next one.*shifted "
+                                                             r"twice"),
+    "the ids as targets": (dict(targets="ids"), "predict the token it reads"),
 }
 
 
@@ -793,9 +855,10 @@ def test_my_gpt_names_a_broken_training_loop(name):
     options, message = WRONG_LOOPS[name]
     with pytest.raises(CheckFailure, match=message) as caught:
         check_my_gpt(make_gpt(), make_loop(**options))
+    assert "AdamW" not in str(caught.value)  # the named mistake, not the generic advice
     if name != "returns nothing":  # the loss bar is missed too, and the message shows it
-        assert re.search(r"validation loss after 300 updates: (\d\.\d+)", str(caught.value))
-        loss = float(re.search(r"validation loss after 300 updates: (\d\.\d+)",
+        assert re.search(r"validation loss after 300 updates: (\d+\.\d+)", str(caught.value))
+        loss = float(re.search(r"validation loss after 300 updates: (\d+\.\d+)",
                                str(caught.value)).group(1))
         assert loss > 2.45
 

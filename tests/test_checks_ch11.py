@@ -128,6 +128,33 @@ class RopeOnlyQ(RotaryAttention):  # keys left unrotated
         return self.out_proj(_attend(self, apply_rope(q), k, v))
 
 
+class RopeOnlyK(RotaryAttention):  # queries left unrotated
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        return self.out_proj(_attend(self, q, apply_rope(k), v))
+
+
+class RopeUnscaled(RotaryAttention):  # v fixed, the scale dropped
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        return self.out_proj(_attend(self, apply_rope(q), apply_rope(k), v, scale=1.0))
+
+
+class RopeByDh(RotaryAttention):
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        return self.out_proj(_attend(self, apply_rope(q), apply_rope(k), v,
+                                     scale=1 / self.d_head))
+
+
+class RopeFromOne(RotaryAttention):  # positions 1..T: without a mask only offsets matter
+    def forward(self, x):
+        q, k, v = self.heads(x)
+        positions = torch.arange(1, x.shape[1] + 1)
+        return self.out_proj(_attend(self, apply_rope(q, positions), apply_rope(k, positions),
+                                     v))
+
+
 # 11.7 cache
 
 
@@ -173,6 +200,45 @@ class CacheTopLeftMask(CacheAttention):  # the offset fixed, but the mask aligne
         return self.out_proj(_attend(self, q, k, v, mask=top_left))
 
 
+class CacheUnrotatedStore(CacheAttention):  # caches raw keys, rotates all of them each step
+    def forward(self, x, past_key_value=None):
+        q, k, v = self.heads(x)
+        t = x.shape[1]
+        if past_key_value is not None:
+            k, v = past_key_value.update(k, v)  # (B, H, S, Dh), none of them rotated
+        s = k.shape[2]
+        q, k = apply_rope(q, torch.arange(s - t, s)), apply_rope(k, torch.arange(s))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, s))
+        return self.out_proj(out.transpose(1, 2).flatten(2))
+
+
+def _cache_repair(*, q_from_zero=False, k_from_zero=False, mask="lower-right",
+                  rotate_again=False):
+    class CacheRepair(CacheAttention):
+        def forward(self, x, past_key_value=None):
+            q, k, v = self.heads(x)
+            t = x.shape[1]
+            past = 0 if past_key_value is None else past_key_value.get_seq_length()
+            positions = torch.arange(past, past + t)
+            q = apply_rope(q, torch.arange(t) if q_from_zero else positions)
+            k = apply_rope(k, torch.arange(t) if k_from_zero else positions)
+            if past_key_value is not None:
+                k, v = past_key_value.update(k, v)
+            if rotate_again:
+                k = apply_rope(k, torch.arange(k.shape[2]))
+            allowed = causal_mask(t, past + t)
+            if mask == "only without a cache" and past_key_value is not None:
+                allowed = None
+            return self.out_proj(_attend(self, q, k, v, mask=allowed))
+    return CacheRepair
+
+
+CacheQueriesFromZero = _cache_repair(q_from_zero=True)
+CacheKeysFromZero = _cache_repair(k_from_zero=True)
+CacheNoMaskWithCache = _cache_repair(mask="only without a cache")
+CacheRotatedTwice = _cache_repair(rotate_again=True)
+
+
 GYM = {  # check: (correct repairs, the buggy class, [(wrong repair, distinctive phrase)])
     ch11.check_fixed_softmax: ([SoftmaxLastAxis, SoftmaxLibrary, SoftmaxByHand],
                                QueryAxisAttention, [
@@ -181,11 +247,21 @@ GYM = {  # check: (correct repairs, the buggy class, [(wrong repair, distinctive
     ch11.check_fixed_scale: ([ScaleSqrtDh, ScaleFused], ScaleAttention, [
         (ScaleNone, "does not scale the scores at all"),
         (ScaleByDh, "divide the scores by Dh")]),
-    ch11.check_fixed_rope: ([RopeQK, RopeModule], RotaryAttention, [
+    ch11.check_fixed_rope: ([RopeQK, RopeModule, RopeFromOne], RotaryAttention, [
         (RopeNone, "your layer rotates nothing"),
-        (RopeOnlyQ, "The repeated-token test passes on your layer")]),
-    ch11.check_fixed_cache: ([CacheOffset, CacheFromLength], CacheAttention, [
-        (CacheTopLeftMask, "Cached = uncached fails")]),
+        (RopeOnlyQ, r"(?s)rotates the queries but not the keys.*The repeated-token test "
+                    r"passes on your layer"),
+        (RopeOnlyK, "rotates the keys but not the queries"),
+        (RopeUnscaled, "does not scale the scores at all"),
+        (RopeByDh, "divide the scores by Dh")]),
+    ch11.check_fixed_cache: ([CacheOffset, CacheFromLength, CacheUnrotatedStore],
+                             CacheAttention, [
+        (CacheTopLeftMask, r"Cached = uncached fails on your layer: your causal mask is aligned "
+                           r"top-left"),
+        (CacheQueriesFromZero, r"Cached = uncached fails.*the queries by 0\.\.T-1"),
+        (CacheKeysFromZero, r"Cached = uncached fails.*the new keys by 0\.\.T-1"),
+        (CacheNoMaskWithCache, "drops the causal mask when it is given a cache"),
+        (CacheRotatedTwice, "rotates the cached keys again")]),
 }
 BUGGY_MESSAGES = {  # what the check says about the unrepaired module: its instrument's verdict
     ch11.check_fixed_softmax: r"future_leaks on your layer: LEAK: .* up to \d position\(s\) ahead",
@@ -225,6 +301,17 @@ def test_the_gym_rejects_the_planted_mistake_with_its_instrument(check):
 def test_the_gym_rejects_wrong_repairs_naming_the_mistake(check, cls, phrase):
     with pytest.raises(CheckFailure, match=phrase):
         check(cls)
+
+
+def test_naming_a_wrong_cache_repair_leaves_the_random_stream_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    with pytest.raises(CheckFailure, match="rotates the cached keys again"):
+        ch11.check_fixed_cache(CacheRotatedTwice)
+    with pytest.raises(CheckFailure, match="drops the causal mask"):
+        ch11.check_fixed_cache(CacheNoMaskWithCache)
+    assert torch.equal(torch.rand(3), expected)
 
 
 @pytest.mark.parametrize("check", list(GYM), ids=[c.__name__ for c in GYM])

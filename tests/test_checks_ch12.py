@@ -3,6 +3,8 @@ mistake, accept every correct formulation, and let an unsolved stub fail as itse
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -151,16 +153,57 @@ def _wrong(**change):
     (dict(rope="none"), "over 6 positions", "has no RoPE"),
     (dict(rope="halves"), "over 6 positions", "rotate_half layout"),
     (dict(rope="width"), "over 6 positions", "whole width"),
-    (dict(causal=False), "over 6 positions", "no causal mask"),
+    (dict(mask="none"), "over 6 positions", "no causal mask"),
+    (dict(mask="future"), "over 6 positions", r"wrong way round.*LATER positions"),
+    (dict(swap_qk=True), "over 6 positions", "queries and the keys are swapped"),
     (dict(scale_by="d_model"), "over 6 positions", r"sqrt\(D\)"),
+    (dict(scale_by="d_head_itself"), "over 6 positions", r"divided by Dh: .*sqrt\(Dh\)"),
+    (dict(scale_by="none"), "over 6 positions", "not scaled"),
+    (dict(norm="sum"), "feed-forward half", r"SUM\(x\^2\).*MEAN of the squares"),
+    (dict(norm="no_sqrt"), "feed-forward half", "without the square root"),
 ])
 def test_llama_block_names_the_part_and_the_mistake(change, stage, match):
-    with pytest.raises(CheckFailure, match=rf"(?s){match}.*{stage}"):
+    with pytest.raises(CheckFailure, match=rf"(?s){match}.*{stage}") as info:
         check_llama_block(_wrong(**change))
+    if change != dict(scale_by="d_model"):  # sqrt(D) is named for that mistake only
+        assert "sqrt(D)" not in str(info.value)
 
 
-def test_every_block_mistake_is_caught_by_some_case():
-    assert len(BLOCK_MISTAKES) == 14
+def test_the_first_attention_cases_tell_the_head_sizes_apart():
+    """D_h, H and sqrt(D) all differ where attention is first graded, so that a division by
+    D_h is not blamed as one by sqrt(D) and a split as (D_h, H) cannot pass."""
+    for case in ch12._block_cases(seed=122)[1:3]:
+        x, _, n_heads, _ = case.args
+        d_model = x.shape[-1]
+        d_head = d_model // n_heads
+        assert len({d_head, n_heads, math.sqrt(d_model)}) == 3
+
+
+def test_a_head_split_as_dh_by_h_is_refused_with_the_split_named():
+    def split_dh_h(x, w, n_heads, n_kv_heads):
+        b, t, d = x.shape
+        dh = d // n_heads
+        h = _rms(x, w["attn_norm"])
+        q, k, v = (F.linear(h, w[name]).view(b, t, dh, -1).transpose(1, 2)  # (B, Dh, T, n)
+                   for name in ("w_q", "w_k", "w_v"))
+        group = n_heads // n_kv_heads
+        k, v = apply_rope(k).repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        out = F.scaled_dot_product_attention(apply_rope(q), k, v, is_causal=True)
+        x = x + out.transpose(1, 2).reshape(b, t, d) @ w["w_o"].T
+        return x + swiglu(_rms(x, w["ff_norm"]), w["w_gate"], w["w_up"], w["w_down"])
+
+    with pytest.raises(CheckFailure, match=r"(?s)raised RuntimeError.*as \(heads, Dh\): "
+                                           r"view\(B, T, n, Dh\)"):
+        check_llama_block(split_dh_h)
+    with pytest.raises(CheckFailure, match=r"heads are split as \(Dh, H\)"):  # with H = Hkv
+        check_llama_block(lambda x, w, h, hkv: block_variant(x, w, h, hkv, split="dh_h")
+                          if h == hkv else reference_block(x, w, h, hkv))
+
+
+@pytest.mark.parametrize("index", range(len(BLOCK_MISTAKES)))
+def test_every_block_mistake_is_refused(index):
+    with pytest.raises(CheckFailure):
+        check_llama_block(BLOCK_MISTAKES[index].wrong)
 
 
 def test_llama_block_says_where_an_unknown_mistake_shows():

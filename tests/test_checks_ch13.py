@@ -3,6 +3,7 @@ mistake, accept every correct formulation, and let an unsolved stub fail as itse
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -231,6 +232,13 @@ def test_the_compression_prediction_accepts_numpy_floats(capsys):
     assert "✅" in capsys.readouterr().out
 
 
+def test_the_compression_prediction_accepts_whole_numbers(capsys):
+    """The spec asks for numbers: a digit per token predicted as 1, not 1.0, is an answer."""
+    check_compression_prediction(lambda: {**{n: MEASURED[n] for n in NAMES},
+                                          "digits of 2**1000": 1, "modern prose": np.int64(3)})
+    assert "✅" in capsys.readouterr().out
+
+
 def _with(name, value):
     return lambda: {**{n: MEASURED[n] for n in NAMES}, name: value}
 
@@ -243,7 +251,8 @@ def _with(name, value):
     (_with("modern prose", MEASURED["modern prose"] * 2), "think again"),
     (lambda: {n: 1 / MEASURED[n] for n in NAMES}, "tokens per character"),
     (_with("digits of 2**1000", 0.0), "cannot be"),
-    (_with("digits of 2**1000", 1), r"return a float.*float\("),
+    (_with("digits of 2**1000", "1"), r"should be a number.*an int or a float"),
+    (_with("digits of 2**1000", 3), "no digits at all"),
     (_with("digits of 2**1000", torch.tensor(1.0)), r"\.item\(\)"),
 ])
 def test_the_compression_prediction_names_the_mistake(answer, match):
@@ -380,6 +389,48 @@ def test_the_unigram_reference_is_the_formula():
 def test_bits_per_char_names_the_mistake(index, match):
     with pytest.raises(CheckFailure, match=match):
         ch13.check_bits_per_char(ch13.BITS_MISTAKES[index][0])
+
+
+def _unsmoothed_math_log(tokenizer, train_text, val_text):
+    counts, n = Counter(tokenizer.encode(train_text)), len(tokenizer.encode(train_text))
+    return -sum(math.log(counts[t] / n) for t in tokenizer.encode(val_text)) / len(
+        val_text) / math.log(2)
+
+
+def _unsmoothed_plain_dict(tokenizer, train_text, val_text):
+    counts = {}
+    for t in tokenizer.encode(train_text):
+        counts[t] = counts.get(t, 0) + 1
+    n, v = sum(counts.values()), tokenizer.vocab_size
+    return -sum(math.log2((counts[t] + 1) / (n + v)) for t in tokenizer.encode(val_text)) / len(
+        val_text)
+
+
+def _unsmoothed_ratio(tokenizer, train_text, val_text):
+    counts, n = Counter(tokenizer.encode(train_text)), len(tokenizer.encode(train_text))
+    return sum(math.log2(n / counts[t]) for t in tokenizer.encode(val_text)) / len(val_text)
+
+
+@pytest.mark.parametrize("fn, crash", [
+    (_unsmoothed_math_log, r"math\.log of 0"),
+    (_unsmoothed_plain_dict, "KeyError.*not in your dict of counts"),
+    (_unsmoothed_ratio, "division by zero"),
+], ids=["math.log(0)", "a plain dict", "n / count"])
+def test_bits_per_char_answers_an_unseen_token_crash_with_add_one(fn, crash):
+    """The learner's own exception is caught and answered with the idea: add-one smoothing."""
+    with pytest.raises(CheckFailure, match=rf"(?s){crash}.*'bytes \(V=256\).*count 0.*"
+                                           r"add-one smoothing.*\(count\(t\) \+ 1\)") as info:
+        ch13.check_bits_per_char(fn)
+    assert "raised" not in str(info.value)
+
+
+def test_bits_per_char_reports_other_crashes_as_they_are():
+    def typo(tokenizer, train_text, val_text):
+        return len(val_text) / tokenizer.size
+
+    with pytest.raises(CheckFailure, match="raised AttributeError") as info:
+        ch13.check_bits_per_char(typo)
+    assert "add-one" not in str(info.value)
 
 
 def test_bits_per_char_explains_an_infinite_result_and_refuses_non_floats():

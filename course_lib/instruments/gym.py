@@ -32,14 +32,17 @@ import torch
 from torch import nn
 
 from .._validate import (
+    require_callable,
+    require_choice,
     require_finite,
     require_floating,
     require_int,
     require_ndim,
     require_positive_int,
     require_positive_number,
+    require_probability,
 )
-from ..attention import MultiHeadAttention, causal_mask
+from ..attention import MultiHeadAttention, causal_mask, check_heads
 from ..cache import LayerKVCache
 from ..positions import apply_rope
 
@@ -52,6 +55,7 @@ class GymAttention(nn.Module):
     (rows [W_q; W_k; W_v]) and ``out_proj`` (W_o); ``dropout`` on the weights in training."""
 
     def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0) -> None:
+        check_station(self, d_model, n_heads, dropout)  # the sizes MultiHeadAttention takes
         super().__init__()
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
@@ -136,6 +140,8 @@ def sample_with_temperature(logits, temperature, generator=None):
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
 
 
+
+
 # ----------------------------------------------------------------------------- the cases
 
 
@@ -178,11 +184,10 @@ SAMPLER_INSTRUMENT = ("sample_frequencies: the share of each token among many dr
 def show(name: str) -> None:
     """Print the source of case ``name``'s buggy module, or of the buggy sampler for
     ``"temperature"`` (the code to debug)."""
+    require_choice("name", name, [*sorted(CASES), "temperature"])
     if name == "temperature":
         print(inspect.getsource(sample_with_temperature))
         return
-    if name not in CASES:
-        raise ValueError(f"name must be one of {sorted(CASES) + ['temperature']}, got {name!r}")
     print(inspect.getsource(CASES[name].buggy))
 
 
@@ -191,12 +196,13 @@ def suspect(name: str, d_model: int, n_heads: int, *, seed: int = 0
     """``(suspect, reference)`` for station ``name``: the buggy module and the course_lib module
     it should equal, built with (d_model, n_heads), holding the same seeded weights, in eval
     mode."""
-    if name not in CASES:
-        raise ValueError(f"name must be one of {sorted(CASES)}, got {name!r}")
+    require_choice("name", name, sorted(CASES))
+    check_heads(d_model, n_heads)
+    seed = require_int("seed", seed)
     case = CASES[name]
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(require_int("seed", seed))
-        reference = case.reference(require_int("d_model", d_model), require_int("n_heads", n_heads))
+        torch.manual_seed(seed)
+        reference = case.reference(d_model, n_heads)
     buggy = case.buggy(d_model, n_heads)
     buggy.load_state_dict(reference.state_dict())
     return buggy.eval(), reference.eval()
@@ -209,6 +215,8 @@ def repeated_token_spread(fn: Callable[[torch.Tensor], torch.Tensor], d_model: i
     from position 0's). Every row of attention weights sums to 1, so when the values do not
     depend on position the outputs are all equal (rounding noise, about 1e-7), whatever the
     positions do to the weights."""
+    require_callable("fn", fn, "a function of x (1, T, D) -> (1, T, D)",
+                     "e.g. lambda h: attention(h)[0]", n_args=1)
     require_positive_int("d_model", d_model)
     if require_int("seq_len", seq_len) < 2:
         raise ValueError(f"seq_len must be 2 or more to compare positions, got {seq_len}")
@@ -228,11 +236,16 @@ def sample_frequencies(sample: Callable, logits: torch.Tensor, temperature: floa
     from one row of logits (V,): returns (V,) frequencies, to compare with
     ``next_token_probs(logits[None], temperature=...)``. 20,000 draws put each share within
     about 0.01 of its probability."""
+    require_callable("sample", sample, "a sampler called as sample(logits, temperature, "
+                     "generator)", n_args=3)
     require_floating("logits", require_ndim("logits", logits, (1,), "(V,): one row of logits"))
+    if logits.numel() == 0:
+        raise ValueError("logits has shape (0,): there is no token to draw")
     require_positive_number("temperature", temperature)
+    n = require_positive_int("n", n)
     gen = torch.Generator().manual_seed(require_int("seed", seed))
     with torch.no_grad():
-        ids = sample(logits.expand(require_int("n", n), -1), temperature, gen)  # (n,)
+        ids = sample(logits.expand(n, -1), temperature, gen)  # (n,)
     if not isinstance(ids, torch.Tensor) or ids.shape != (n,):
         got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"sample must return (B,) token ids for (B, V) logits, got {got}")
@@ -243,6 +256,8 @@ def run_cached(layer: nn.Module, x: torch.Tensor, split: int, **kwargs: object) 
     """Feed x (B, T, D) through ``layer(piece, past_key_value=cache, **kwargs)`` in pieces,
     with one LayerKVCache: the first ``split`` positions at once, then one position at a time
     (for course_lib's MultiHeadAttention pass ``is_causal=True``). Returns (B, T, D)."""
+    require_callable("layer", layer, "an attention layer called as layer(x, "
+                     "past_key_value=cache)", "e.g. MultiHeadAttention(16, 4)")
     require_ndim("x", x, (3,), "(B, T, D)")
     if not 1 <= require_int("split", split) <= x.shape[1]:
         raise ValueError(f"split must be 1..T = 1..{x.shape[1]} (the positions fed at once before "
@@ -262,6 +277,8 @@ def permutation_gap(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     |fn(x[:, perm]) - fn(x)[:, perm]| for a random permutation of the T positions. A layer
     with no positions and no mask gives rounding noise (about 1e-7); a layer that mixes up
     positions gives a difference of the size of its outputs."""
+    require_callable("fn", fn, "a function of x (B, T, D) -> (B, T, ...)",
+                     "e.g. lambda h: attention(h)[0]", n_args=1)
     require_floating("x", require_ndim("x", x, (3,), "(B, T, D): add a batch dimension, x[None]"))
     require_finite("x", x, "a NaN would hide any difference")
     if x.shape[1] < 2:
@@ -278,3 +295,14 @@ def permutation_gap(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
         raise ValueError(f"fn must return a (B, T, ...) tensor with x's B and T "
                          f"{tuple(x.shape[:2])}, got {got}")
     return float((moved - out[:, perm]).abs().max())
+
+
+def check_station(station: GymAttention, d_model: object, n_heads: object,
+                  dropout: object) -> None:
+    """A station's sizes as MultiHeadAttention checks them; rotary stations need an even Dh."""
+    check_heads(d_model, n_heads)
+    require_probability("dropout", dropout)
+    if isinstance(station, (RotaryAttention, CacheAttention)) and (d_model // n_heads) % 2:
+        raise ValueError(f"d_model / n_heads = {d_model} / {n_heads} = {d_model // n_heads} "
+                         f"is the head dim Dh, which must be even for rotary positions "
+                         f"(RoPE turns pairs of dimensions): e.g. d_model={2 * d_model}")

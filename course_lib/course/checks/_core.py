@@ -75,7 +75,8 @@ def _number_type_error(value: Any, what: str, kind: str, case: Case | None) -> C
         extra = f" ({value!r}: float(...) makes it a float)"
     where = f" (case '{case.name}')" if case is not None else ""
     noun = "a whole number" if kind == "an int" else "a number"
-    return CheckFailure(f"{what} should be {noun}: return {kind}, but your function returned "
+    ask = "an int or a float" if kind == "a number" else kind
+    return CheckFailure(f"{what} should be {noun}: return {ask}, but your function returned "
                         f"{describe(value)}{extra}{where}")
 
 
@@ -94,6 +95,16 @@ def require_real(value: Any, what: str, case: Case | None = None) -> float:
     says how to convert them, in every check alike."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, float | np.floating):
         raise _number_type_error(value, what, "a float", case)
+    return float(value)
+
+
+def require_number(value: Any, what: str, case: Case | None = None) -> float:
+    """The one rule for a value the spec asks for as "a number" (a prediction, a divisor, a
+    learning rate, ...): any real number, a Python or numpy int or float, so that ``4`` and
+    ``4.0`` are the same answer. Bools and tensors (0-d ones too) are refused, with a message
+    that says how to convert them."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise _number_type_error(value, what, "a number", case)
     return float(value)
 
 

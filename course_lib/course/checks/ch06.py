@@ -33,7 +33,7 @@ from ._core import (
     describe,
     rand,
     require_count,
-    require_real,
+    require_number,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -461,8 +461,8 @@ def check_scale_predictions(predictions: Callable) -> None:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise CheckFailure(f"predictions() should return two numbers, (variance, divisor), "
                            f"but returned {describe(got)}")
-    variance = require_real(got[0], "the predicted variance", case)
-    divisor = require_real(got[1], "the divisor", case)
+    variance = require_number(got[0], "the predicted variance", case)  # any real number:
+    divisor = require_number(got[1], "the divisor", case)  # 4 and 4.0 are the same answer
     _grade_one(variance, 16 / 64, VARIANCE_MISTAKES, "predicted variance with divisor 8")
     _grade_one(divisor, 4.0, DIVISOR_MISTAKES, "divisor")
     (var_8, ent_8), (var_4, ent_4) = measured_score_stats(8.0), measured_score_stats(4.0)

@@ -830,8 +830,10 @@ def check_kv_cache_bytes(predict_bytes_per_token: Callable) -> None:
 # --------------------------------------------------------------------------------------------
 # Exercise 9.7 (capstone): your own GPT, MyGPT(...) and train_my_gpt(model, batches, ...)
 
-# parity: a small model with large random weights, so that every mistake shows in the logits
-GPT_PARITY_CONFIG = DecoderConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=2, max_len=12,
+# parity: a small model with large random weights, so that every mistake shows in the logits,
+# at sizes where D_h = 12, H = 2 and sqrt(D) = 4.9 all differ: a head split as (D_h, H) or a
+# division by sqrt(d_model) or by d_head computes something else, and each is told apart
+GPT_PARITY_CONFIG = DecoderConfig(vocab_size=11, d_model=24, n_heads=2, n_layers=2, max_len=12,
                                   activation="gelu", tie_embeddings=False)
 # training: what the check trains, and the bar its validation loss must clear. Over seeds 0-5
 # (train_and_validate's seed) the book's solution reached 2.25 to 2.27, with 1 and 2 threads,
@@ -888,13 +890,16 @@ def _run(fn: Callable, what: str, *args: Any) -> Any:
         raise CheckFailure(f"{what} raised {type(exc).__name__} on {shapes}:\n    {exc}") from exc
 
 
-def _near(a: Any, b: torch.Tensor, atol: float = 1e-4) -> bool:
-    return isinstance(a, torch.Tensor) and _allclose(a, b, atol, 1e-4)
+def _near(a: Any, b: torch.Tensor, atol: float = 1e-4, *, nan: bool = False) -> bool:
+    """a is a tensor close to b; with ``nan``, NaN in the same places counts as equal (a wrong
+    answer whose mask leaves a row with nothing to attend to is NaN there)."""
+    return isinstance(a, torch.Tensor) and _allclose(a, b, atol, 1e-4, nan=nan)
 
 
-def _allclose(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> bool:
+def _allclose(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float, *,
+              nan: bool = False) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.detach().double(), b.double(),
-                                                      atol=atol, rtol=rtol))
+                                                      atol=atol, rtol=rtol, equal_nan=nan))
 
 
 def _difference(got: Any, want: torch.Tensor, what: str, case: str) -> str:
@@ -927,48 +932,91 @@ def _load_course_weights(mine: torch.nn.Module, ref: DecoderLM) -> None:
             theirs[name].copy_(p)
 
 
-def _attention_variant(attn: torch.nn.Module, x: torch.Tensor, *, causal: bool = True,
-                       dim: int = -1, scale: str = "head", split: bool = True,
-                       merge: bool = True) -> torch.Tensor:
-    """Causal multi-head self-attention from course_lib's weights, right or with one mistake."""
+def _attention_variant(attn: torch.nn.Module, x: torch.Tensor, *, mask: str = "causal",
+                       dim: int = -1, scale: str = "head", split: str = "heads",
+                       merge: bool = True, swap_qk: bool = False) -> torch.Tensor:
+    """Causal multi-head self-attention from course_lib's weights, right or with one mistake.
+    ``split``: "heads" (view (B, T, H, Dh)), "reshape" (straight to (B, H, T, Dh)), "dh_h"
+    (view (B, T, Dh, H), transpose(1, 2): Dh 'heads' of H features) or "interleaved" (view
+    (B, T, Dh, H), heads on the last axis: head h gets every H-th feature); merged back the
+    mirror way (``merge=False``: reshaped straight to (B, T, D)). ``mask``: "causal", "none",
+    "future" (the upper triangle: itself and the future), "inverted" (strictly the future),
+    "no_self" (strictly the past). ``scale``: "head" (sqrt(Dh)), "model" (sqrt(D)), "d_head"
+    (Dh itself), "width" (sqrt of the split's last axis), "none"."""
     (batch, seq_len, d_model), n_heads = x.shape, attn.n_heads
     d_head = d_model // n_heads
     q, k, v = attn.qkv_proj(x).split(d_model, dim=-1)  # 3 x (B, T, D)
 
-    def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, H, T, Dh)
-        if split:
-            return t.view(batch, seq_len, n_heads, d_head).transpose(1, 2)
-        return t.reshape(batch, n_heads, seq_len, d_head)
+    def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, heads, T, width)
+        if split == "reshape":
+            return t.reshape(batch, n_heads, seq_len, d_head)
+        if split == "dh_h":
+            return t.view(batch, seq_len, d_head, n_heads).transpose(1, 2)  # (B, Dh, T, H)
+        if split == "interleaved":
+            return t.view(batch, seq_len, d_head, n_heads).permute(0, 3, 1, 2)  # (B, H, T, Dh)
+        return t.view(batch, seq_len, n_heads, d_head).transpose(1, 2)
+
+    def merged(out: torch.Tensor) -> torch.Tensor:  # the mirror image of heads()
+        if split == "interleaved":
+            return out.permute(0, 2, 3, 1).reshape(batch, seq_len, d_model)
+        if not merge:
+            return out.reshape(batch, seq_len, d_model)
+        return out.transpose(1, 2).reshape(batch, seq_len, d_model)
 
     q, k, v = heads(q), heads(k), heads(v)
+    if swap_qk:
+        q, k = k, q
     scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
-    if scale != "none":
-        scores = scores / math.sqrt(d_head if scale == "head" else d_model)
-    if causal:
-        allowed = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    out = torch.softmax(scores, dim=dim) @ v  # (B, H, T, Dh)
-    out = out.transpose(1, 2).reshape(batch, seq_len, d_model) if merge else \
-        out.reshape(batch, seq_len, d_model)
-    return attn.out_proj(out)  # (B, T, D)
+    divisor = {"head": math.sqrt(d_head), "model": math.sqrt(d_model), "d_head": d_head,
+               "width": math.sqrt(q.shape[-1]), "none": 1.0}[scale]
+    scores = scores / divisor
+    ones = torch.ones(seq_len, seq_len, dtype=torch.bool)
+    allowed = {"causal": ones.tril(), "none": ones, "future": ones.triu(),
+               "inverted": ones.triu(1), "no_self": ones.tril(-1)}[mask]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return attn.out_proj(merged(torch.softmax(scores, dim=dim) @ v))  # (B, T, D)
 
 
 ATTENTION_MISTAKES = (
-    (dict(causal=False), "lets every position attend to the positions after it: there is no "
+    (dict(mask="none"), "lets every position attend to the positions after it: there is no "
      "causal mask. Before the softmax, fill the scores of keys after the query with "
      "float('-inf') (the allowed part is torch.tril of a (T, T) matrix of ones)"),
+    (dict(mask="future"), "has its causal mask the wrong way round: each position attends to "
+     "itself and the FUTURE only and never to the past (torch.triu where torch.tril belongs). "
+     "Position t may see keys 0 .. t: keep the lower triangle"),
+    (dict(mask="inverted"), "masks the past instead of the future: the scores that are "
+     "filled with -inf are the ALLOWED ones (masked_fill(allowed, ...) where "
+     "masked_fill(~allowed, ...) belongs), so each position sees only later positions and the "
+     "last one sees nothing (NaN)"),
+    (dict(mask="no_self"), "masks the diagonal too: a position may attend to itself "
+     "(torch.tril with the default diagonal=0, not diagonal=-1), and position 0 now sees "
+     "nothing (NaN)"),
+    (dict(swap_qk=True), "swaps the queries and the keys: scores[t, s] is query t dotted "
+     "with key s, q @ k.transpose(-2, -1) with q the FIRST D features of qkv(x), k the next D"),
     (dict(dim=-2), "takes the softmax over the wrong axis: each query's weights must sum to "
      "1 over the keys, the LAST axis of the (B, H, T, T) scores (dim=-1)"),
     (dict(scale="none"), "does not scale the scores: divide q k^T by sqrt(d_head) before "
      "the softmax"),
     (dict(scale="model"), "divides the scores by sqrt(d_model): each head's dot products have "
      "d_head terms, so divide by sqrt(d_head) = sqrt(d_model // n_heads)"),
+    (dict(scale="d_head"), "divides the scores by d_head: the variance argument (chapter 02) "
+     "asks for its square root, sqrt(d_head)"),
     (dict(merge=False), "merges the heads in the wrong order: reshaping (B, H, T, Dh) "
      "straight to (B, T, D) mixes positions and heads. Transpose to (B, T, H, Dh) first "
      "(.transpose(1, 2)), then reshape"),
-    (dict(split=False), "splits the heads in the wrong order: reshaping (B, T, D) straight "
-     "to (B, H, T, Dh) hands each head a mixture of positions. View it as (B, T, H, Dh), "
-     "then transpose(1, 2)"),
+    *((dict(split="reshape", merge=merge), "splits the heads in the wrong order: reshaping "
+       "(B, T, D) straight to (B, H, T, Dh) hands each head a mixture of positions. View it as "
+       "(B, T, H, Dh), then transpose(1, 2)") for merge in (True, False)),
+    (dict(split="dh_h"), "splits D as (d_head, n_heads): view(B, T, d_head, n_heads) makes "
+     "d_head 'heads' of n_heads features each. Head h owns the contiguous features "
+     "h*d_head .. (h+1)*d_head - 1: view(B, T, n_heads, d_head), then transpose(1, 2)"),
+    (dict(split="dh_h", scale="width"), "splits D as (d_head, n_heads): view(B, T, d_head, "
+     "n_heads) makes d_head 'heads' of n_heads features each. Head h owns the contiguous "
+     "features h*d_head .. (h+1)*d_head - 1: view(B, T, n_heads, d_head), then "
+     "transpose(1, 2)"),
+    (dict(split="interleaved"), "gives head h every n_heads-th feature (h, h + H, ...): the "
+     "feature axis was split as (d_head, n_heads). Head h owns the contiguous features "
+     "h*d_head .. (h+1)*d_head - 1: view(B, T, n_heads, d_head), then transpose(1, 2)"),
 )
 
 
@@ -1009,7 +1057,7 @@ def _diagnose_block(i: int, mine: torch.nn.Module, ref: torch.nn.Module, x: torc
     if not _near(got_attn, want_attn):
         for options, message in ATTENTION_MISTAKES:
             wrong = _attention_variant(ref.self_attn, normed, **options)
-            if _near(got_attn, wrong) and not _near(wrong, want_attn):
+            if _near(got_attn, wrong, nan=True) and not _near(wrong, want_attn, nan=True):
                 raise CheckFailure(f"Block {i}'s attention {message} ({case}).")
         raise CheckFailure(_difference(got_attn, want_attn, f"Block {i}'s attention output",
                                        f"same input as course_lib's MultiHeadAttention, {case}")
@@ -1139,18 +1187,61 @@ class _GradientWatch:
         self.last = grad.detach().clone()
 
 
+class _CountedBatches:
+    """The check's batches, counting how often the learner's loop draws one."""
+
+    def __init__(self, batches: Callable[[], dict]) -> None:
+        self.batches, self.calls = batches, 0
+
+    def __call__(self) -> dict:
+        self.calls += 1
+        return self.batches()
+
+
+def _missed_bar_reason(calls: int, logits: torch.Tensor, val: dict, val_loss: float
+                       ) -> str | None:
+    """Why a loop that updates the weights still leaves a high validation loss, when the
+    evidence names it: too few batches drawn, or a model that learned to predict another
+    token than the next one (targets shifted twice, or not at all)."""
+    if calls < GPT_TRAIN_UPDATES:
+        many = "ONE batch" if calls == 1 else f"only {calls} batches"
+        return (f"your loop trains on {many} for {GPT_TRAIN_UPDATES} updates: the model "
+                "learns those windows by heart instead of the language. Draw a new batch "
+                "every step: batch = batches() inside the loop")
+    vocab_size, ids, targets = logits.shape[-1], val["ids"], val["targets"]
+    after_next = float(F.cross_entropy(logits[:, :-1].reshape(-1, vocab_size),
+                                       targets[:, 1:].reshape(-1)))
+    current = float(F.cross_entropy(logits.reshape(-1, vocab_size), ids.reshape(-1)))
+    if after_next < val_loss - 0.2:
+        return (f"your model learned to predict the token AFTER the next one (its validation "
+                f"loss for that token is {after_next:.2f} nats, for the next one "
+                f"{val_loss:.2f}): the targets were shifted twice. batch['targets'] is already "
+                "shifted: compare the logits at every position t with targets at t, "
+                "F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)), with no "
+                "[:, :-1] / [:, 1:]")
+    if current < val_loss - 0.2:
+        return (f"your model learned to predict the token it reads, at its own position (its "
+                f"validation loss for that token is {current:.2f} nats, for the next one "
+                f"{val_loss:.2f}): the loss compared the logits with the ids, or with targets "
+                "shifted back. batch['targets'] holds the next tokens: compare the logits at "
+                "every position t with targets at t")
+    return None
+
+
 def train_and_validate(my_gpt_class: Callable, train_fn: Callable, *,
-                       seed: int = 0) -> tuple[float, str | None]:
+                       seed: int = 0) -> tuple[float, str | None, str | None]:
     """Part (b): build the learner's model (seeded), train it with the learner's loop on the
-    Shakespeare characters and return (validation loss, what is wrong with the loop or None).
+    Shakespeare characters and return (validation loss, what is wrong with the loop or None,
+    why the loss is high when the evidence names it or None).
     """
     vocab_size, train_ids, val_ids = _char_data()
     with torch.random.fork_rng(devices=[]):  # leave the learner's random stream alone
         torch.manual_seed(seed)
         case = Case("the training model", kwargs=dict(vocab_size=vocab_size, **GPT_TRAIN_SIZES))
         model = call_learner(my_gpt_class, case, fn_name="MyGPT")
-        batches = lm_batches(train_ids, GPT_TRAIN_BATCH, GPT_TRAIN_SIZES["max_len"],
-                             generator=torch.Generator().manual_seed(100 + seed))
+        batches = _CountedBatches(lm_batches(
+            train_ids, GPT_TRAIN_BATCH, GPT_TRAIN_SIZES["max_len"],
+            generator=torch.Generator().manual_seed(100 + seed)))
         params = [p for p in model.parameters() if p.requires_grad]
         start = [p.detach().clone() for p in params]
         watch = _GradientWatch(dict(model.named_parameters())["head.weight"])
@@ -1188,7 +1279,9 @@ def train_and_validate(my_gpt_class: Callable, train_fn: Callable, *,
     else:
         for loss in losses:
             require_real(loss, "Each training loss in the list")
-    return val_loss, problem
+    reason = None if val_loss < GPT_LOSS_BAR else _missed_bar_reason(batches.calls, logits,
+                                                                     val, val_loss)
+    return val_loss, problem, reason
 
 
 def check_my_gpt(my_gpt_class: Callable, train_fn: Callable) -> None:
@@ -1200,14 +1293,15 @@ def check_my_gpt(my_gpt_class: Callable, train_fn: Callable) -> None:
     a difference is located (embeddings, a block's attention or wiring, the final norm);
     (b) trained for GPT_TRAIN_UPDATES updates on Shakespeare's characters, the validation
     loss falls below GPT_LOSS_BAR; a loop that never steps or never clears the gradients is
-    named.
+    named, and so, when the bar is missed, is one that trains on one batch or whose model
+    learned another token than the next (targets shifted twice, or not at all).
 
     Args:
         my_gpt_class: the learner's model class (or any function building the model).
         train_fn: the learner's training loop.
     """
     parity = _gpt_parity(my_gpt_class)
-    val_loss, problem = train_and_validate(my_gpt_class, train_fn)
+    val_loss, problem, reason = train_and_validate(my_gpt_class, train_fn)
     _, train_ids, val_ids = _char_data()
     bigram = bigram_val_loss(train_ids, val_ids, _char_data()[0])
     measured = (f"validation loss after {GPT_TRAIN_UPDATES} updates: {val_loss:.3f} (the bar: "
@@ -1215,6 +1309,9 @@ def check_my_gpt(my_gpt_class: Callable, train_fn: Callable) -> None:
     if problem is not None:
         raise CheckFailure(f"Your model is right ({parity}), but {problem[0].lower()}"
                            f"{problem[1:]}.\n{measured}")
+    if not val_loss < GPT_LOSS_BAR and reason is not None:
+        raise CheckFailure(f"Your model is right ({parity}) and your loop updates the weights "
+                           f"and clears the gradients, but {reason}.\n{measured}")
     if not val_loss < GPT_LOSS_BAR:
         raise CheckFailure(
             f"Your model is right ({parity}) and your loop updates the weights and clears the "

@@ -27,6 +27,7 @@ from course_lib.instruments.divergence import first_divergence
 from course_lib.instruments.gym import (
     CASES,
     SAMPLER_INSTRUMENT,
+    CacheAttention,
     GymCase,
     repeated_token_spread,
     run_cached,
@@ -39,6 +40,7 @@ from course_lib.instruments.probes import (
     future_leaks,
     who_sees_whom,
 )
+from course_lib.positions import apply_rope
 from course_lib.tasks import repeated_segments
 
 from ._core import (
@@ -118,11 +120,14 @@ def _buggy_output(case: GymCase, ref: nn.Module, x: torch.Tensor,
 
 
 def _attention_with(ref: nn.Module, x: torch.Tensor, scale: float, causal: bool,
-                    softmax_dim: int = -1) -> torch.Tensor:
-    """A plausible wrong repair: the reference layer's arithmetic with another scale or with
-    the softmax over another axis."""
+                    softmax_dim: int = -1, rotate: str = "") -> torch.Tensor:
+    """A plausible wrong repair: the reference layer's arithmetic with another scale, with
+    the softmax over another axis, or with RoPE on ``rotate`` ("qk", "q", "k") only."""
     with torch.no_grad():
         q, k, v = (split_heads(t, ref.n_heads) for t in ref.qkv_proj(x).chunk(3, dim=-1))
+        positions = torch.arange(x.shape[1])  # (T,)
+        q = apply_rope(q, positions) if "q" in rotate else q
+        k = apply_rope(k, positions) if "k" in rotate else k
         scores = q @ k.transpose(-2, -1) * scale  # (B, H, T, T)
         if causal:
             scores = scores.masked_fill(~causal_mask(x.shape[1]), float("-inf"))
@@ -143,16 +148,32 @@ def _wrong_repairs(case: GymCase, ref: nn.Module, x: torch.Tensor,
         mistakes.append(Misconception(
             lambda *_: unrotated, "your layer rotates nothing: without RoPE on the queries and "
             "keys it sees no positions at all. Rotate q and k; leave v as it is"))
-    if case.name in ("softmax", "scale"):
         d_head = ref.d_head
         mistakes += [
-            Misconception(lambda *_: _attention_with(ref, x, 1.0, case.causal),
+            Misconception(lambda *_: _attention_with(ref, x, d_head ** -0.5, False, rotate="q"),
+                          "your layer rotates the queries but not the keys: a score must see "
+                          "the offset between a query and a key, so both are rotated, each by "
+                          "its own position (and v is not)"),
+            Misconception(lambda *_: _attention_with(ref, x, d_head ** -0.5, False, rotate="k"),
+                          "your layer rotates the keys but not the queries: a score must see "
+                          "the offset between a query and a key, so both are rotated, each by "
+                          "its own position (and v is not)"),
+        ]
+    if case.name == "cache":  # the wrong repairs that show without a cache already
+        mistakes += [Misconception(lambda *_, m=mistake: _cache_repair(ref, m)(x), message)
+                     for mistake, message in _CACHE_REPAIRS.items()]
+    if case.name in ("softmax", "scale", "rope_v"):
+        d_head, rotate = ref.d_head, "qk" if case.name == "rope_v" else ""
+        mistakes += [
+            Misconception(lambda *_: _attention_with(ref, x, 1.0, case.causal, rotate=rotate),
                           "your attention does not scale the scores at all: divide q k^T by "
                           "sqrt(Dh), Dh the number of features each head's dot product sums"),
-            Misconception(lambda *_: _attention_with(ref, x, 1 / d_head, case.causal),
+            Misconception(lambda *_: _attention_with(ref, x, 1 / d_head, case.causal,
+                                                     rotate=rotate),
                           "you divide the scores by Dh; the variance argument (chapter 02) "
                           "asks for sqrt(Dh)"),
-            Misconception(lambda *_: _attention_with(ref, x, d_head ** -0.5, case.causal, -2),
+            Misconception(lambda *_: _attention_with(ref, x, d_head ** -0.5, case.causal, -2,
+                                                     rotate=rotate),
                           "your softmax normalises over the queries (dim=-2): each query's "
                           "weights must sum to 1 over the keys, dim=-1"),
         ]
@@ -380,6 +401,74 @@ def _checked_sampler(fn: Callable) -> Callable:
 # 11.7 cache: RoPE positions that restart at 0 -> cached = uncached
 
 
+class _CacheRepair(CacheAttention):
+    """A plausible wrong repair of the cache case, chosen by ``mistake``:
+    "queries at 0..T-1" / "keys at 0..T-1": one of the two still rotated from 0;
+    "top-left mask": is_causal=True's alignment, wrong for T new queries after S cached keys;
+    "no mask with a cache": the mask applied only when no cache is given;
+    "rotated twice": the cached keys, stored rotated, rotated again after update()."""
+
+    def __init__(self, d_model: int, n_heads: int, mistake: str) -> None:
+        super().__init__(d_model, n_heads)
+        self.mistake = mistake
+
+    def forward(self, x, past_key_value=None):
+        q, k, v = self.heads(x)  # (B, H, T, Dh) each
+        seq_len, wrong = x.shape[1], self.mistake
+        n_past = 0 if past_key_value is None else past_key_value.get_seq_length()
+        shifted, plain = torch.arange(n_past, n_past + seq_len), torch.arange(seq_len)  # (T,)
+        q = apply_rope(q, plain if wrong == "queries at 0..T-1" else shifted)
+        k = apply_rope(k, plain if wrong == "keys at 0..T-1" else shifted)
+        if past_key_value is not None:
+            k, v = past_key_value.update(k, v)  # (B, H, S, Dh)
+        if wrong == "rotated twice":
+            k = apply_rope(k, torch.arange(k.shape[-2]))
+        scores = q @ k.transpose(-2, -1) / self.d_head ** 0.5  # (B, H, T, S)
+        allowed = causal_mask(seq_len, k.shape[-2])  # (T, S)
+        if wrong == "top-left mask":
+            allowed = torch.ones(seq_len, k.shape[-2], dtype=torch.bool).tril()
+        if not (wrong == "no mask with a cache" and past_key_value is not None):
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        out = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(x.shape)  # (B, T, D)
+        return self.out_proj(out)
+
+
+_CACHE_REPAIRS = {
+    "queries at 0..T-1": "your layer rotates the keys by their true positions but the queries "
+    "by 0..T-1: a new query at position S + t must be rotated by S + t too",
+    "keys at 0..T-1": "your layer rotates the queries by their true positions but the new keys "
+    "by 0..T-1: a new key at position S + t must be rotated by S + t too, before it is cached",
+    "top-left mask": "your causal mask is aligned top-left, as F.scaled_dot_product_attention's "
+    "is_causal=True is when T != S: a new query after S cached positions sees only the first "
+    "ones. The T new queries are the LAST T of the S keys: causal_mask(T, S), lower-right "
+    "aligned",
+    "no mask with a cache": "your layer drops the causal mask when it is given a cache: the first "
+    "piece fed through the cache holds several positions, and each may still see only the "
+    "positions up to its own",
+    "rotated twice": "your layer rotates the cached keys again after update(): they were stored "
+    "already rotated. Rotate each key once, by its own position, before it is cached",
+}
+
+
+def _cache_repair(ref: nn.Module, mistake: str) -> nn.Module:
+    """A wrong repair holding the reference's weights, in eval mode, without gradients."""
+    variant = _CacheRepair(ref.d_model, ref.n_heads, mistake)
+    variant.load_state_dict(ref.state_dict())
+    return variant.eval().requires_grad_(False)
+
+
+def _named_cache_repair(layer_out: torch.Tensor, ref: nn.Module, x: torch.Tensor, split: int,
+                        expected: torch.Tensor) -> str | None:
+    """The plausible wrong repair whose cached output the learner's matches, if one does."""
+    for mistake, message in _CACHE_REPAIRS.items():
+        with torch.no_grad():
+            wrong = run_cached(_cache_repair(ref, mistake), x, split)
+        if torch.allclose(layer_out, wrong, atol=1e-5, rtol=1e-4) and not torch.allclose(
+                wrong, expected, atol=1e-5, rtol=1e-4):
+            return message
+    return None
+
+
 def _compare_cached(layer: nn.Module, ref: nn.Module, x: torch.Tensor, label: str) -> None:
     expected = _run_reference(CASES["cache"], ref, x)  # one uncached pass, (B, T, D)
     for split in (1, 3):
@@ -392,6 +481,10 @@ def _compare_cached(layer: nn.Module, ref: nn.Module, x: torch.Tensor, label: st
         except CheckFailure as failure:
             if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
                 raise
+            named = _named_cache_repair(got, ref, x, split, expected)
+            if named is not None:
+                raise CheckFailure(f"{failure}\nCached = uncached fails on your layer: {named}."
+                                   f"\nInstrument: {CASES['cache'].instrument}.") from None
             gap = (got - expected).abs().amax(dim=(0, 2))  # (T,)
             wrong = [t for t in range(x.shape[1]) if gap[t] > 1e-4]
             raise CheckFailure(

@@ -142,18 +142,26 @@ def reference_block(x: torch.Tensor, weights: Mapping[str, torch.Tensor], n_head
 
 
 def block_variant(x, weights, n_heads, n_kv_heads, *, norm="rms", gain=True, post_norm=False,
-                  rope="pairs", rotate=("q", "k"), expand="interleave", causal=True,
-                  swap_gate=False, scale_by="d_head", residual=True) -> torch.Tensor:
+                  rope="pairs", rotate=("q", "k"), expand="interleave", mask="causal",
+                  swap_gate=False, scale_by="d_head", residual=True, split="heads",
+                  swap_qk=False) -> torch.Tensor:
     """The block written out, with one part changed by a keyword: the wrong answers the check
-    recognises (with the defaults it is the right block; a test proves it)."""
+    recognises (with the defaults it is the right block; a test proves it). ``norm``: "rms",
+    "layer" (mean-centred first), "sum" (sqrt of the sum of squares), "no_sqrt" (divided by
+    mean(x^2) + eps itself); ``scale_by``: "d_head" (sqrt), "d_model" (sqrt), "d_head_itself",
+    "none"; ``mask``: "causal", "none", "future" (itself and later keys only); ``split``:
+    "heads" (view (B, T, n, Dh)) or "dh_h" (view (B, T, Dh, n), then transpose(1, 2))."""
     w = weights
     batch, seq_len, d_model = x.shape
     d_head = d_model // n_heads
 
-    def normed(h, g):  # RMSNorm, or LayerNorm's mean-centring, with or without the gain
+    def normed(h, g):  # RMSNorm, or one of its wrong versions, with or without the gain
         if norm == "layer":
             h = h - h.mean(-1, keepdim=True)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + BLOCK_EPS)
+        squares = h.pow(2).sum(-1, keepdim=True) if norm == "sum" else \
+            h.pow(2).mean(-1, keepdim=True)
+        h = h / (squares + BLOCK_EPS) if norm == "no_sqrt" else h * torch.rsqrt(
+            squares + BLOCK_EPS)
         return h * g if gain else h
 
     def turn(t):  # (B, heads, T, Dh) or, rope="width", (B, T, width) before the head split
@@ -162,6 +170,8 @@ def block_variant(x, weights, n_heads, n_kv_heads, *, norm="rms", gain=True, pos
         return _rope_halves(t) if rope == "halves" else t
 
     def heads(t, n):  # (B, T, n Dh) -> (B, n, T, Dh)
+        if split == "dh_h":  # (B, Dh, T, n): Dh 'heads' of n features
+            return t.view(batch, seq_len, d_head, n).transpose(1, 2)
         return t.view(batch, seq_len, n, d_head).transpose(1, 2)
 
     def attention(h):
@@ -178,10 +188,14 @@ def block_variant(x, weights, n_heads, n_kv_heads, *, norm="rms", gain=True, pos
             k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
         else:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d_head if scale_by == "d_head" else d_model)
-        if causal:
-            keep = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
-            scores = scores.masked_fill(~keep, float("-inf"))
+        if swap_qk:
+            q, k = k, q
+        divisor = {"d_head": math.sqrt(d_head), "d_model": math.sqrt(d_model),
+                   "d_head_itself": d_head, "none": 1.0}[scale_by]
+        scores = q @ k.transpose(-2, -1) / divisor
+        ones = torch.ones(seq_len, seq_len, dtype=torch.bool)
+        keep = {"causal": ones.tril(), "none": ones, "future": ones.triu()}[mask]
+        scores = scores.masked_fill(~keep, float("-inf"))
         out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq_len, d_model)
         return out @ w["w_o"].T
 
@@ -247,12 +261,35 @@ BLOCK_MISTAKES = [
                   "Your key/value expansion tiles the heads (0, 1, 0, 1, ...), as Tensor.repeat "
                   "does: query head h must read key/value head h // (H / Hkv), neighbours "
                   "sharing (0, 0, 1, 1, ...)"),
-    Misconception(_variant(causal=False),
+    Misconception(_variant(norm="sum"),
+                  "Your norm divides by sqrt(SUM(x^2) + eps): RMSNorm takes the MEAN of the "
+                  "squares, x / sqrt(mean(x^2) + eps), so that its output has a root mean "
+                  "square of 1 whatever D is"),
+    Misconception(_variant(norm="no_sqrt"),
+                  "Your norm divides by mean(x^2) + eps without the square root: RMSNorm "
+                  "divides by the ROOT mean square, sqrt(mean(x^2) + eps) (torch.rsqrt)"),
+    Misconception(_variant(mask="none"),
                   "Your attention has no causal mask: every position also reads the later ones. "
                   "A decoder's position t may attend only to positions <= t"),
+    Misconception(_variant(mask="future"),
+                  "Your causal mask is the wrong way round: each position attends to itself and "
+                  "the LATER positions (the upper triangle, triu) and never to the past. "
+                  "Position t may attend to positions <= t: keep the lower triangle (tril)"),
+    Misconception(_variant(swap_qk=True),
+                  "Your scores are k q^T: the queries and the keys are swapped. scores[t, s] is "
+                  "query t (from w_q) dotted with key s (from w_k): q @ k.transpose(-2, -1)"),
     Misconception(_variant(scale_by="d_model"),
                   "Your scores are divided by sqrt(D); scaled dot-product attention divides by "
                   "sqrt(Dh), the size of one head"),
+    Misconception(_variant(scale_by="d_head_itself"),
+                  "Your scores are divided by Dh: the divisor is its square root, sqrt(Dh), the "
+                  "standard deviation of a dot product of Dh unit-variance terms"),
+    Misconception(_variant(scale_by="none"),
+                  "Your scores are not scaled: divide q k^T by sqrt(Dh) before the softmax"),
+    Misconception(_variant(split="dh_h"),
+                  "Your heads are split as (Dh, H): view(B, T, Dh, n_heads) makes Dh 'heads' of "
+                  "H features each. Head h owns the contiguous features h*Dh .. (h+1)*Dh - 1: "
+                  "view(B, T, n_heads, Dh), then transpose(1, 2)"),
 ]
 
 
@@ -283,20 +320,23 @@ def _block_cases(seed: int) -> list[Case]:
     """In the order a learner would debug: each part alone first, then whole blocks."""
     gen = torch.Generator().manual_seed(seed)
     hint = ("the weights are in nn.Linear's layout (out_features, in_features); w_k and w_v "
-            "have Hkv * Dh rows, fewer than w_q's H * Dh")
+            "have Hkv * Dh rows, fewer than w_q's H * Dh; split each projection's features as "
+            "(heads, Dh): view(B, T, n, Dh), then transpose(1, 2)")
 
     def case(name, shape, n_heads, n_kv_heads, d_ff, **parts):
         x = rand(gen, *shape)
         weights = _block_weights(gen, shape[-1], n_heads, n_kv_heads, d_ff, **parts)
         return Case(name, (x, weights, n_heads, n_kv_heads), hint=hint)
 
+    # D = 24, H = 4: Dh = 6, H and sqrt(D) = 4.9 all differ, so that no mix-up of them (a split
+    # as (Dh, H), a division by sqrt(D) or by Dh) computes the right block
     return [
         case("the norms and the feed-forward half (attention switched off: w_o = 0)",
-             (2, 5, 16), 4, 2, 24, attention=False),
+             (2, 5, 24), 4, 2, 32, attention=False),
         case("attention at a single position (feed-forward off: w_down = 0; T=1, H=4, Hkv=2)",
-             (2, 1, 16), 4, 2, 24, feed_forward=False),
-        case("attention over 6 positions (feed-forward off: w_down = 0; H=4, Hkv=2)",
-             (2, 6, 16), 4, 2, 24, feed_forward=False),
+             (2, 1, 24), 4, 2, 32, feed_forward=False),
+        case("attention over 6 positions (feed-forward off: w_down = 0; D=24, H=4, Hkv=2)",
+             (2, 6, 24), 4, 2, 32, feed_forward=False),
         case("the whole block, B=2, T=7, D=32, H=8, Hkv=2, F=40", (2, 7, 32), 8, 2, 40),
         case("the whole block, multi-query: H=4, Hkv=1", (1, 9, 32), 4, 1, 48),
         case("the whole block, no sharing: H=Hkv=2, Dh=8", (3, 5, 16), 2, 2, 32),

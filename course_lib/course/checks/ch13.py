@@ -38,6 +38,7 @@ from ._core import (
     describe,
     prediction_dict,
     require_count,
+    require_number,
     require_real,
 )
 
@@ -514,7 +515,7 @@ def check_compression_prediction(compression_prediction_fn: Callable) -> None:
     got = prediction_dict(call_learner(compression_prediction_fn, Case("four texts")), names,
                           "compression_prediction")
     measured = measured_compression()
-    values = {name: require_real(got[name], f"the prediction for {name!r}") for name in names}
+    values = {name: require_number(got[name], f"the prediction for {name!r}") for name in names}
 
     def close(value: float, truth: float) -> bool:
         return truth / FACTOR <= value <= truth * FACTOR
@@ -751,6 +752,33 @@ def _bits_cases() -> list[Case]:
     ]
 
 
+UNSEEN = ("a token of the validation text that never occurs in the training text has count 0, "
+          "so it has probability 0 without smoothing (and log(0) is undefined). That is what "
+          "add-one smoothing is for: p(t) = (count(t) + 1) / (N + V), with V = "
+          "tokenizer.vocab_size, for EVERY token, seen or not")
+
+
+def _learner_bits(bits_fn: Callable, case: Case) -> float:
+    """The learner's result; a crash that an unseen token causes (math.log(0), a division by
+    its count of 0, a plain dict without it) is answered with the idea it misses."""
+    try:
+        got = call_learner(bits_fn, case, fn_name="unigram_bits_per_char")
+    except CheckFailure as failure:
+        cause = failure.__cause__
+        if isinstance(cause, ValueError) and "math domain error" in str(cause):
+            what = "math.log of 0 (ValueError: math domain error)"
+        elif isinstance(cause, ZeroDivisionError):
+            what = "a division by zero (ZeroDivisionError)"
+        elif isinstance(cause, KeyError):
+            what = (f"a KeyError ({cause}): that token is not in your dict of counts; "
+                    "collections.Counter (or counts.get(t, 0)) gives it a count of 0,")
+        else:
+            raise
+        raise CheckFailure(f"your function failed with {what} on the case '{case.name}': "
+                           f"{UNSEEN}") from cause
+    return require_real(got, "unigram_bits_per_char's result", case)
+
+
 def check_bits_per_char(bits_fn: Callable) -> None:
     """Check ``unigram_bits_per_char(tokenizer, train_text, val_text)`` -> float: the total
     NLL (nats) of val_text's tokens under add-one unigram frequencies counted on train_text,
@@ -762,15 +790,12 @@ def check_bits_per_char(bits_fn: Callable) -> None:
     """
     cases = _bits_cases()
     for case in cases:
-        got = require_real(call_learner(bits_fn, case, fn_name="unigram_bits_per_char"),
-                           "unigram_bits_per_char's result", case)
+        got = _learner_bits(bits_fn, case)
         expected = reference_bits_per_char(*case.args)
         if math.isclose(got, expected, rel_tol=1e-6):
             continue
         if not math.isfinite(got):
-            raise CheckFailure(f"your result is {got} (case '{case.name}'): a validation token "
-                               "never seen in training has probability 0 without smoothing; "
-                               "add one to every token's count (and V to the total)")
+            raise CheckFailure(f"your result is {got} (case '{case.name}'): {UNSEEN}")
         for wrong_fn, message in BITS_MISTAKES:
             wrong = wrong_fn(*case.args)
             if math.isclose(got, wrong, rel_tol=1e-6) and not math.isclose(wrong, expected,
