@@ -439,7 +439,7 @@ WRONG_NTK = {
     "a string": (lambda d, s, b: "52780", "should be a number"),
     "a vector": (lambda d, s, b: torch.full((3,), b), r"should be a number.*\.item\(\)"),
     "a 0-d tensor": (lambda d, s, b: torch.tensor(b * s ** (d / (d - 2))), r"\.item\(\)"),
-    "an int": (lambda d, s, b: round(b * s ** (d / (d - 2))), r"float\(\.\.\.\) makes it"),
+    "rounded": (lambda d, s, b: round(b * s ** (d / (d - 2))), "rounded to a whole number"),
     "negative": (lambda d, s, b: -b * s ** (d / (d - 2)), "one positive number"),
 }
 

@@ -48,7 +48,7 @@ from ._core import (
     describe,
     prediction_dict,
     rand,
-    require_real,
+    require_number,
     run_cases,
 )
 
@@ -300,7 +300,7 @@ WEIGHT_WHY = {
 def _read_weight_predictions(got: Any) -> dict[str, Any]:
     predictions = prediction_dict(got, WEIGHT_QUESTIONS, "my_weight_predictions()")
     read: dict[str, Any] = {
-        "zero queries": require_real(predictions["zero queries"],
+        "zero queries": require_number(predictions["zero queries"],
                                      "Your prediction for 'zero queries'")}
     for key in ("shift keys", "shift queries"):
         answer = predictions[key]
@@ -534,8 +534,8 @@ def check_score_std_predictions(my_predictions: Callable) -> None:
             "my_predictions should return two numbers, (std_dot, std_scaled_wide), e.g. "
             f"return 3.0, 0.5; it returned {describe(got)}"
         )
-    said = (require_real(got[0], "Your first prediction, the std of q . k"),
-            require_real(got[1], "Your second prediction, the std of the scaled score"))
+    said = (require_number(got[0], "Your first prediction, the std of q . k"),
+            require_number(got[1], "Your second prediction, the std of the scaled score"))
     if not all(math.isfinite(x) for x in said):
         raise CheckFailure(f"Your predictions should be finite numbers, got {said}")
     measured_dot, measured_wide = measure_score_stds()

@@ -22,7 +22,7 @@ from ._core import (
     compare_tensors,
     describe,
     rand,
-    require_real,
+    require_number,
     run_cases,
 )
 
@@ -728,7 +728,7 @@ def check_ntk_base(ntk_scaled_base: Callable) -> None:
 
     def check_one(got: object, case: Case) -> None:
         d, factor, base = case.args
-        value = require_real(got, "The new base", case)
+        value = require_number(got, "The new base", case)
         if not value == value or value <= 0:  # NaN, or not positive
             raise CheckFailure(
                 f"Your function returned {value} on the case '{case.name}': return the new "
@@ -736,6 +736,10 @@ def check_ntk_base(ntk_scaled_base: Callable) -> None:
         expected = positions.ntk_scaled_base(d, factor, base=base)
         if abs(value - expected) <= 1e-6 * expected:
             return
+        if float(value).is_integer() and abs(value - expected) <= 0.5:
+            raise CheckFailure(f"Case '{case.name}': your base {value:,.0f} is the right one "
+                               f"rounded to a whole number; return it unrounded "
+                               f"({expected:,.6f}...): every digit moves the slowest pair")
         last = (d - 2) / d  # the slowest pair turns at base^(-(d-2)/d)
         slowdown = (value / base) ** last
         hint = ""

@@ -34,7 +34,7 @@ from ._core import (
     prediction_dict,
     rand,
     require_count,
-    require_real,
+    require_number,
     run_cases,
 )
 
@@ -871,7 +871,7 @@ def measured_masking(n_rows: int = 1000, n_cols: int = 200) -> dict[str, float]:
 
 
 def _as_share(key: str, value: object) -> float:
-    value = require_real(value, f"{key} (a share between 0 and 1, e.g. 0.25)")
+    value = require_number(value, f"{key} (a share between 0 and 1, e.g. 0.25)")
     if not 0.0 <= value <= 1.0:
         hint = " (a percentage? write 25% as 0.25)" if 1.0 < value <= 100.0 else ""
         raise CheckFailure(f"{key} should be a share between 0 and 1, got {value}{hint}")
