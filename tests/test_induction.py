@@ -132,3 +132,17 @@ def test_a_partly_frozen_model_still_trains():
     frozen = model.embeddings.token.weight.clone()
     log = train_induction(model, steps=2, eval_every=2, n_eval=4, progress=False)
     assert log.steps == [0, 2] and torch.equal(model.embeddings.token.weight, frozen)
+
+
+def test_the_log_refuses_to_read_scores_or_a_drop_it_does_not_have():
+    from course_lib.instruments.induction import InductionLog
+
+    with pytest.raises(ValueError, match="log is empty"):
+        InductionLog().scores("prev")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        InductionLog().scores("previous")
+    diverged = InductionLog(steps=[0, 25, 50], first=[3.0, 3.0, 3.0],
+                            second=[3.0, float("nan"), float("nan")])
+    with pytest.raises(ValueError, match="NaN"):  # NaN < 1 is False: it read as "no drop"
+        diverged.drop_step()
+    assert InductionLog(steps=[0, 25], first=[3.0, 3.0], second=[3.0, 0.5]).drop_step() == 25

@@ -23,6 +23,7 @@ Shape legend: B batch, T = 2L positions, L segment length, V vocabulary, H heads
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from tqdm.auto import tqdm
 from .._validate import (
     require_bool,
     require_callable,
+    require_choice,
     require_int,
     require_positive_int,
     require_positive_number,
@@ -171,14 +173,19 @@ class InductionLog:
 
     def scores(self, kind: str) -> torch.Tensor:
         """(n_evals, n_layers, H): ``"prev"`` or ``"induction"`` scores through training."""
-        if kind not in ("prev", "induction"):
-            raise ValueError(f"kind must be 'prev' or 'induction', got {kind!r}")
+        require_choice("kind", kind, ("prev", "induction"))
+        if not self.steps:
+            raise ValueError("the log is empty: nothing was evaluated yet (train_induction "
+                             "fills it, and measures before the first update)")
         return torch.stack(self.prev if kind == "prev" else self.induction)
 
     def drop_step(self, threshold: float = 1.0) -> int | None:
         """The first evaluated step whose repeated-half loss is below ``threshold`` (None if
         none): where the phase change happened."""
         require_positive_number("threshold", threshold)
+        if any(math.isnan(loss) for loss in self.second):  # NaN < threshold is False: no "drop"
+            raise ValueError("the repeated half's loss became NaN during training: the run "
+                             "diverged, so no phase change can be read off it (try a lower lr)")
         return next((s for s, loss in zip(self.steps, self.second, strict=True)
                      if loss < threshold), None)
 
