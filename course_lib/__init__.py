@@ -19,6 +19,7 @@ The model library, bottom-up:
     generation  sampling (temperature, top-k, top-p), generation loops
     efficient   chunked (online-softmax), sliding-window and low-rank attention; the bytes of
                 a score matrix
+    flash       attention whose backward recomputes its tiles from the log-sum-exp (O(n) memory)
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
     bpe         byte-level BPE: GPT-2's pre-tokenization, train_bpe (the same merges as Hugging
