@@ -20,6 +20,8 @@ The model library, bottom-up:
     efficient   chunked (online-softmax), sliding-window and low-rank attention; the bytes of
                 a score matrix
     flash       attention whose backward recomputes its tiles from the log-sum-exp (O(n) memory)
+    parallel    data parallelism (with overlap), ZeRO-1 and tensor-parallel attention and MLP
+                by hand from torch.distributed's collectives
     corpus      the Shakespeare corpus, train/validation split, language-model batches
     tokenizer   CharTokenizer, Seq2SeqVocab, IGNORE_INDEX
     bpe         byte-level BPE: GPT-2's pre-tokenization, train_bpe (the same merges as Hugging
