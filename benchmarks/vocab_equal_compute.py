@@ -28,53 +28,54 @@ times V are each T x T x D multiply-adds per layer, 2 T^2 D FLOPs each, so 4 T^2
 per block, 4 T D per token, and 4 T D L / (characters per token) per character (forward, the
 whole T x T square as the kernels compute it; the backward pass costs about twice as much).
 
-Measured on a 2-core CPU shared with other programs (2026-11-27, torch 2.13.0, one thread,
-OMP_NUM_THREADS=1), ``python -m benchmarks.vocab_equal_compute``::
+Measured on a 2-core CPU (2026-11-28, torch 2.13.0, one thread, OMP_NUM_THREADS=1; the two
+rules ran side by side, so the seconds are those of a busy machine and not comparable between
+rows; the bits per character do not depend on it), ``python -m benchmarks.vocab_equal_compute``::
 
     5 seeds; 500 updates x batch 16; d_model 64, 2 layers, 4 heads, lr 0.003
         V   params        emb+head c/tok   T  c/upd  head  attn/c   bits/char s/run
-      256  120,576   16,384 ( 14%)  1.00  64  1,024  0.14  32,768 3.218-3.274   7.5
-      512  136,960   32,768 ( 24%)  1.91  64  1,976  0.29  17,164 2.847-2.889   8.0
-     1024  169,728   65,536 ( 39%)  2.30  64  2,470  0.57  14,275 2.807-2.832  10.3
-     2048  235,264  131,072 ( 56%)  2.60  64  2,897  1.14  12,579 2.729-2.773  14.7
-     4096  366,336  262,144 ( 72%)  2.86  64  3,255  2.29  11,476 2.682-2.717  24.7
+      256  120,576   16,384 ( 14%)  1.00  64  1,024  0.14  32,768 3.246-3.273   9.3
+      512  136,960   32,768 ( 24%)  1.91  64  1,976  0.29  17,164 2.856-2.891  11.5
+     1024  169,728   65,536 ( 39%)  2.30  64  2,470  0.57  14,275 2.794-2.827  14.1
+     2048  235,264  131,072 ( 56%)  2.60  64  2,897  1.14  12,579 2.735-2.777  12.1
+     4096  366,336  262,144 ( 72%)  2.86  64  3,255  2.29  11,476 2.691-2.701  19.2
 
-(423 s in all. ``params``: the tied embedding and head counted once; ``emb+head``: V x D
-and its share; ``c/tok``: characters per token of the held-out text; ``T``: block in tokens;
-``c/upd``: training characters per update; ``head``: the head's forward FLOPs per token over
-the blocks'; ``attn/c``: attention FLOPs per character, the formula above; ``bits/char``:
-min-max over the seeds; ``s/run``: seconds of training, mean over the seeds.)
+(``params``: the tied embedding and head counted once; ``emb+head``: V x D and its share;
+``c/tok``: characters per token of the held-out text; ``T``: block in tokens; ``c/upd``:
+training characters per update; ``head``: the head's forward FLOPs per token over the blocks';
+``attn/c``: attention FLOPs per character, the formula above; ``bits/char``: min-max over the
+seeds; ``s/run``: seconds of training, mean over the seeds.)
 
 What it shows: at equal compute every step up in vocabulary lowered bits per character, with
-no overlap between the seeds' ranges of neighbouring rows: bytes 3.22-3.27, BPE 512
-2.85-2.89 (the largest step, 0.38 bits: the first 256 merges already pack 1.9 characters into
-a token), then 2.81-2.83, 2.73-2.77 and 2.68-2.72 at 4096. Each model sees chars/token times
+no overlap between the seeds' ranges of neighbouring rows: bytes 3.25-3.27, BPE 512
+2.86-2.89 (the largest step, 0.38 bits: the first 256 merges already pack 1.9 characters into
+a token), then 2.79-2.83, 2.74-2.78 and 2.69-2.70 at 4096. Each model sees chars/token times
 more text per update and as much longer a context, and spends fewer attention FLOPs per
 character. The price is outside the rule: from 2048 on the embedding and head hold more
-than half the parameters, and at 4096 the head costs 2.3x the blocks' forward FLOPs and a run
-takes 3.3x the bytes' time on this CPU. These are short runs of a tiny model (500 updates,
-0.5 to 1.6 M characters seen): it measures what a vocabulary buys early in training at a
-fixed budget of block work, not where each would converge.
+than half the parameters, and at 4096 the head costs 2.3x the blocks' forward FLOPs (on a
+quiet CPU a run took 3.3x the bytes' time, 2026-11-27). These are short runs of a tiny model
+(500 updates, 0.5 to 1.6 M characters seen): it measures what a vocabulary buys early in
+training at a fixed budget of block work, not where each would converge.
 
-The other rule, ``--fair chars`` (249 s; the block in tokens is ``T``, about 1,020 training
+The other rule, ``--fair chars`` (the block in tokens is ``T``, about 1,020 training
 characters per update for every row)::
 
         V   params        emb+head c/tok   T  c/upd  head  attn/c   bits/char s/run
-      256  120,576   16,384 ( 14%)  1.00  64  1,024  0.14  32,768 3.218-3.274   8.0
-      512  134,976   32,768 ( 24%)  1.91  33  1,019  0.31   8,850 2.911-2.984   5.0
-     1024  167,360   65,536 ( 39%)  2.30  27  1,042  0.62   6,022 2.878-2.970   5.1
-     2048  232,640  131,072 ( 56%)  2.60  23  1,041  1.26   4,521 2.798-2.924   5.8
-     4096  363,520  262,144 ( 72%)  2.86  20  1,017  2.53   3,586 2.800-2.824   7.7
+      256  120,576   16,384 ( 14%)  1.00  64  1,024  0.14  32,768 3.246-3.273   9.2
+      512  134,976   32,768 ( 24%)  1.91  33  1,019  0.31   8,850 2.904-2.958   6.5
+     1024  167,360   65,536 ( 39%)  2.30  27  1,042  0.62   6,022 2.894-2.964   8.5
+     2048  232,640  131,072 ( 56%)  2.60  23  1,041  1.26   4,521 2.795-2.885   6.3
+     4096  363,520  262,144 ( 72%)  2.86  20  1,017  2.53   3,586 2.795-2.864   6.5
 
 With the same characters per update and the same 64-character context, and a quarter to a
 ninth of the bytes' attention FLOPs per character, every BPE vocabulary still beat bytes on
-every seed (by 0.23 bits or more), but by less than at equal compute, and the middle rows
-overlap (seeds spread by up to 0.13 bits). Most of the gain is not the extra text per update.
+every seed (by 0.28 bits or more), but by less than at equal compute, and the middle rows
+overlap (seeds spread by up to 0.09 bits). Most of the gain is not the extra text per update.
 
-Equal wall time, a third rule: the byte model given 1,650 updates (24.3 s a run, against
-24.7 s for BPE 4096's 500 updates above; ``--vocabs 256 --updates 1650``, 141 s) reached
-2.799-2.827 bits per character, still above BPE 4096's 2.682-2.717, by about 0.1 bits, having
-seen about as many characters (1.69 M against 1.63 M).
+Equal wall time, a third rule: the byte model given 1,650 updates (on a quiet CPU, 2026-11-27,
+24.3 s a run against 24.7 s for BPE 4096's 500 updates; ``--vocabs 256 --updates 1650``)
+reached 2.805-2.811 bits per character, still above BPE 4096's 2.691-2.701, by about 0.1
+bits, having seen about as many characters (1.69 M against 1.63 M).
 
 On a GPU (one H200, torch 2.11.0+cu130) the default command gave the same ranges to within
 0.02 bits (BPE 4096: 2.681-2.698) in about 2-3 s a run, and a seed's run repeated there gave
