@@ -296,6 +296,13 @@ def check_bools(**values: object) -> None:
         require_bool(name, value)
 
 
+def check_text(name: str, text: object) -> None:
+    """``text`` must be a str (bytes are named, with the fix)."""
+    if not isinstance(text, str):
+        fix = f"; decode bytes first: {name}.decode('utf-8')" if isinstance(text, bytes) else ""
+        raise TypeError(f"{name} must be a str, got {type(text).__name__}{fix}")
+
+
 def require_choice(name: str, value: object, options: Sequence[object]) -> object:
     """``value``, if it is one of ``options``."""
     if value not in options:

@@ -35,7 +35,13 @@ from pathlib import Path
 import regex
 import torch
 
-from ._validate import require_choice, require_id_list, require_instance, require_int
+from ._validate import (
+    check_text,
+    require_choice,
+    require_id_list,
+    require_instance,
+    require_int,
+)
 
 # GPT-2's pre-tokenizer: English contractions, then a letter run, a digit run or a run of other
 # symbols (each with at most one space before it), then whitespace. \p{L} (any letter) and
@@ -380,12 +386,6 @@ def _merge_everywhere(pair: tuple[int, int], new_id: int, words: list[list[int]]
 
 
 # --- argument checks
-
-
-def check_text(name: str, text: object) -> None:
-    if not isinstance(text, str):
-        fix = f"; decode bytes first: {name}.decode('utf-8')" if isinstance(text, bytes) else ""
-        raise TypeError(f"{name} must be a str, got {type(text).__name__}{fix}")
 
 
 def check_training_text(text: object, special_tokens: Sequence[str]) -> None:

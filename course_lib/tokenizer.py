@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validate import require_id, require_id_list
+from ._validate import check_text, require_id, require_id_list
 
 IGNORE_INDEX = -100  # targets equal to this are left out of the loss (PyTorch's default)
 
@@ -36,7 +36,7 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
         """Build the vocabulary from the sorted distinct characters of ``text``."""
-        check_text(text)
+        check_vocabulary_text(text)
         return cls(sorted(set(text)))
 
     @property
@@ -106,10 +106,9 @@ def check_chars(chars: object) -> None:
         raise ValueError(f"chars must be distinct single characters, non-empty, got {chars!r:.40}")
 
 
-def check_text(text: object) -> None:
+def check_vocabulary_text(text: object) -> None:
     """Raise unless ``text`` is a non-empty str (the characters a vocabulary is built from)."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    check_text("text", text)
     if not text:
         raise ValueError("text is empty: a vocabulary needs at least one character")
 

@@ -284,7 +284,9 @@ def _loss_of(model: nn.Module, batch: Batch) -> torch.Tensor:
     return loss
 
 
-def estimate_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
+@torch.no_grad()
+def estimate_loss(model: nn.Module, batches: BatchFn, iters: int, *,
+                  name: str = "batches") -> float:
     """Mean loss over ``iters`` batches with the model in eval mode (no dropout) and no
     gradients; the model's mode is restored afterwards.
 
@@ -292,14 +294,9 @@ def estimate_loss(model: nn.Module, batches: BatchFn, iters: int) -> float:
         model: any model whose ``model(**batch).loss`` is the mean loss of a batch.
         batches: a batch function.
         iters: number of batches to average.
+        name: how messages name the batch function (``train`` says ``val_batches``).
     """
     check_training(model, iters=iters, batches=batches)
-    return _mean_loss(model, batches, iters, "batches")
-
-
-@torch.no_grad()
-def _mean_loss(model: nn.Module, batches: BatchFn, iters: int, name: str) -> float:
-    """:func:`estimate_loss`, its batch function called ``name`` in errors."""
     device, was_training = _model_device(model), model.training
     model.eval()
     try:
@@ -316,7 +313,7 @@ def _evaluate(model: nn.Module, history: TrainHistory, done: int, batches: dict,
     history.eval_steps.append(done)
     for name, losses in (("train", history.eval_train_losses), ("val", history.val_losses)):
         if batches[name] is not None:
-            losses.append(_mean_loss(model, batches[name], iters, f"{name}_batches"))
+            losses.append(estimate_loss(model, batches[name], iters, name=f"{name}_batches"))
     if callback is not None:
         was_training = model.training
         model.eval()

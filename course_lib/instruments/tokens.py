@@ -26,11 +26,12 @@ from torch import nn
 from .._validate import (
     check_bools,
     check_positive_ints,
+    check_text,
     require_instance,
     require_int,
     require_positive_number,
 )
-from ..bpe import BPETokenizer, check_text
+from ..bpe import BPETokenizer
 from ..configs import DecoderConfig
 from ..device import get_device, seed_everything
 from ..models import DecoderLM, Encoder, EncoderDecoder, MaskedLM, count_parameters
