@@ -1,8 +1,10 @@
-"""Beyond one device (chapter 14): data parallelism, optimizer-state sharding (ZeRO-1) and tensor
-parallelism by hand from torch.distributed's collectives, each equal to one process. Every rank
-runs the same program and calls the same collectives in the same order: ``broadcast`` (one
-rank's tensor to all), ``all_reduce`` (the sum, to all). Left out: NCCL, uneven batches, unused
-parameters, pipeline and sequence parallelism, sharded parameters (ZeRO-3, FSDP).
+"""Beyond one device (chapter 14): data parallelism, optimizer-state sharding (ZeRO-1), fully
+sharded data parallelism (ZeRO-3, FSDP) and tensor parallelism by hand from torch.distributed's
+collectives, each equal to one process. Every rank runs the same program and calls the same
+collectives in the same order: ``broadcast`` (one rank's tensor to all), ``all_reduce`` (the
+sum, to all), ``all_gather`` (the ranks' pieces, concatenated, to all), ``reduce_scatter`` (the
+sum, each rank keeping its piece). Left out: NCCL, uneven batches, unused parameters, pipeline
+and sequence parallelism, FSDP's prefetching, hybrid sharding and CPU offload.
 
 Legend: B batch, T length, D d_model, F d_ff, H heads, Hkv key/value heads, Dh head dim,
 N ranks (the world size), r this rank.
@@ -11,6 +13,7 @@ N ranks (the world size), r this rank.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Iterable
 
 import torch
@@ -22,6 +25,7 @@ from ._validate import (
     checks_wanted,
     inputs_checked,
     require_bool,
+    require_float_dtype,
     require_instance,
     require_int,
     require_integer_tensor,
@@ -155,6 +159,140 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
                      "for a ShardedOptimizer pass its .optimizer")
     return _nbytes(t for state in optimizer.state.values() for t in state.values()
                    if isinstance(t, torch.Tensor))
+
+
+# ------------------------------------------------------ fully sharded data parallelism (ZeRO-3)
+
+# torch 2.13 renamed all_gather_into_tensor and reduce_scatter_tensor (gloo has both)
+_ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
+def _all_gather(shard: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Every rank's shard (S,) in ``dtype``, in rank order: w = [w_0; ...; w_{N-1}] (N S,)."""
+    full = shard.new_empty(shard.numel() * dist.get_world_size(), dtype=dtype)
+    _ALL_GATHER(full, shard.detach().to(dtype))
+    return full
+
+
+class GatherShards(torch.autograd.Function):
+    """Forward: the full flat weights w (N S,) in ``dtype`` (all-gather). Backward: rank r's
+    slice of the mean gradient, (1/N) sum_r' dL_r'/dw [r S:(r + 1) S] (S,), in the shard's
+    dtype (reduce-scatter: the sum over the ranks, each keeping its slice)."""
+
+    @staticmethod
+    def forward(ctx: object, shard: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.shard_dtype = shard.dtype
+        return _all_gather(shard, dtype)  # (N S,)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        mine = grad.new_empty(grad.numel() // dist.get_world_size())  # (S,)
+        _REDUCE_SCATTER(mine, grad / dist.get_world_size())  # sum_r' g_r' / N, my slice
+        return mine.to(ctx.shard_dtype), None
+
+
+class FullyShardedDataParallel(nn.Module):
+    """ZeRO stage 3 (FSDP's idea) by hand: each rank stores 1/N of the weights, so 1/N of
+    their gradients and optimizer state. Units (default: each of ``module.blocks``, if any;
+    the root unit holds the rest, e.g. embeddings, final norm, a tied head) are flattened,
+    padded to a multiple of N and split: rank r keeps slice r, ``.shards[u]`` (S,), the only
+    parameters the optimizer sees. Just before a unit runs, its weights are all-gathered (in
+    ``compute_dtype`` if given) as views of one flat w; just after, w is freed: autograd
+    saves where a view of it sits, not its data (saved-tensor hooks); backward all-gathers
+    the unit again, then reduce-scatters its gradient. So only the root and the running unit
+    are ever whole. ``.module`` is the model (weights empty between calls); use
+    :meth:`full_state_dict` to save. Left out: frozen weights, overlapping communication."""
+
+    def __init__(self, module: nn.Module, units: Iterable[nn.Module] | None = None, *,
+                 compute_dtype: torch.dtype | None = None) -> None:
+        units = require_units(module, units, compute_dtype)
+        super().__init__()
+        self.module, self.state_keys = module, list(module.state_dict())  # in order
+        broadcast_parameters(module)  # rank 0's weights on every rank, then sharded
+        names: dict[nn.Parameter, list[str]] = {}  # each weight once, with all its names
+        for name, param in module.named_parameters(remove_duplicate=False):
+            names.setdefault(param, []).append(name)
+        held = Counter(p for unit in units for p in unit.parameters())  # units holding each
+        unit_of = {p: 0 for p in names} | {p: u for u, unit in enumerate(units, 1)  # 0: root
+                                           for p in unit.parameters() if held[p] == 1}
+        dtype = next(iter(names)).dtype  # the shards'; the gathered weights' is self.dtype
+        self.dtype = compute_dtype or dtype
+        self.layouts, self.shards = [], nn.ParameterList()  # per unit: weights, shard
+        self.gathered, self.regathered = {}, {}  # unit -> its full flat weights w (N S,)
+        for u, unit in enumerate([module, *units]):
+            params = [p for p in names if unit_of[p] == u]
+            self.layouts.append([(p.shape, names[p]) for p in params])
+            flat = torch.cat([torch.zeros(0, dtype=dtype)]  # (n,): none for an empty root
+                             + [p.detach().reshape(-1) for p in params])
+            flat = F.pad(flat, (0, -flat.numel() % dist.get_world_size()))  # (N S,)
+            shard = flat.tensor_split(dist.get_world_size())[dist.get_rank()]  # (S,)
+            self.shards.append(nn.Parameter(shard.clone()))
+            self.shards[u].register_post_accumulate_grad_hook(functools.partial(self._done, u))
+            self._free(u)  # the full weights go, the shard stays
+            unit.register_forward_pre_hook(functools.partial(self._gather, u))
+            unit.register_forward_hook(functools.partial(self._free, u))
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            return self.module(*args, **kwargs)
+
+    def _gather(self, u: int, *_: object) -> None:
+        """Before unit u runs: its weights, views of its all-gathered flat weights."""
+        self.gathered[u] = GatherShards.apply(self.shards[u], self.dtype)  # (N S,)
+        for names, weight in _views(self.gathered[u], self.layouts[u]):
+            for name in names:
+                _set(self.module, name, weight)
+
+    def _free(self, u: int, *_: object) -> None:
+        """After unit u ran: its weights become empty tensors (nothing else holds them)."""
+        self.gathered.pop(u, None)
+        for _, names in self.layouts[u]:
+            for name in names:
+                _set(self.module, name, self.shards[u].new_empty(0, dtype=self.dtype))
+
+    def _pack(self, tensor: torch.Tensor) -> object:
+        """What autograd saves: a view of gathered weights as (unit, place), not its data."""
+        for u, full in self.gathered.items():
+            if tensor.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
+                return u, tensor.shape, tensor.stride(), tensor.storage_offset()
+        return tensor  # activations as they are
+
+    def _unpack(self, packed: object) -> torch.Tensor:
+        """In backward: unit u gathered again, once, until its shard's gradient is in."""
+        if isinstance(packed, torch.Tensor):
+            return packed
+        u, shape, stride, offset = packed
+        if u not in self.regathered:
+            self.regathered[u] = _all_gather(self.shards[u], self.dtype)  # (N S,)
+        return self.regathered[u].as_strided(shape, stride, offset)
+
+    def _done(self, u: int, shard: nn.Parameter) -> None:
+        self.regathered.pop(u, None)  # unit u's backward is over: free its weights
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unwrapped model's ``state_dict()``, gathered on every rank (for saving): the
+        same keys in the same order, the shards' dtype, a tied weight under both names."""
+        state = self.module.state_dict()  # the buffers: the weights are no parameters here
+        for shard, layout in zip(self.shards, self.layouts, strict=True):
+            for names, weight in _views(_all_gather(shard, shard.dtype), layout):
+                state |= dict.fromkeys(names, weight)
+        return {key: state[key] for key in self.state_keys}
+
+
+def _views(full: torch.Tensor, layout: list) -> list[tuple[list[str], torch.Tensor]]:
+    """Each weight's names and its view of the unit's flat weights w (N S,), padding left."""
+    sizes = [shape.numel() for shape, _ in layout]
+    return [(names, flat.view(shape)) for (shape, names), flat
+            in zip(layout, full[:sum(sizes)].split(sizes), strict=True)]
+
+
+def _set(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """``module``'s weight ``name`` (e.g. "blocks.0.ff.fc1.weight") becomes ``tensor``."""
+    owner, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner)
+    owner._parameters.pop(attr, None)  # the first time: no parameter now (the shards are)
+    setattr(owner, attr, tensor)
 
 
 # ---------------------------------------------------------------- tensor parallelism (Megatron)
@@ -329,6 +467,33 @@ def check_sharded_optimizer(params: list, optimizer_class: object) -> None:
     if len(dict.fromkeys(params)) < dist.get_world_size():
         raise ValueError(f"params holds {len(dict.fromkeys(params))} tensor(s), fewer than "
                          f"the {dist.get_world_size()} ranks: each rank needs one or more")
+
+
+def require_units(module: object, units: object, compute_dtype: object) -> list[nn.Module]:
+    """The units of a :class:`FullyShardedDataParallel` as a list (default each of
+    ``module.blocks``): submodules of ``module``, each listed once, none inside another."""
+    require_instance("module", module, nn.Module, "a torch.nn.Module")
+    if compute_dtype is not None:
+        require_float_dtype("compute_dtype", compute_dtype)
+    check_in_group()
+    if len(dtypes := {str(p.dtype) for p in module.parameters()}) != 1:
+        raise ValueError(f"module must hold weights of one dtype (they are flattened), got "
+                         f"{sorted(dtypes)}: convert it, e.g. module.float()")
+    if frozen := [n for n, p in module.named_parameters() if not p.requires_grad]:
+        raise ValueError(f"module has frozen weights {frozen}: here every weight is trained")
+    units = list(require_instance("units", getattr(module, "blocks", []) if units is None
+                                  else units, (list, tuple, nn.ModuleList),
+                                  "a list of submodules of module, such as module.blocks"))
+    for i, unit in enumerate(units):
+        if require_instance(f"units[{i}]", unit, nn.Module, "a submodule of module") is module \
+                or unit not in set(module.modules()):
+            raise ValueError(f"units[{i}] ({type(unit).__name__}) is not a submodule of module:"
+                             " a unit is a part of it, such as module.blocks[0]")
+        if unit in units[:i]:
+            raise ValueError(f"units[{i}] is units[{units.index(unit)}] again: list each once")
+        if nested := [j for j, other in enumerate(units) if other in set(unit.modules()) - {unit}]:
+            raise ValueError(f"units[{nested[0]}] is inside units[{i}]: units cannot nest")
+    return units
 
 
 def check_parallel_linear(linear: object, features: object, dim: int) -> None:

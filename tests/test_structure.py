@@ -242,7 +242,7 @@ def test_a_check_returns_nothing_and_a_require_returns_what_it_checked():
 
 # small enough for a learner to read next to the notes: about 6,500 lines for chapters 01-13,
 # chapter 14's pieces on top
-MAX_LIBRARY_LINES = 7_100
+MAX_LIBRARY_LINES = 7_300
 
 
 def test_the_model_library_stays_small_enough_to_read():

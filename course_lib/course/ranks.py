@@ -1,15 +1,20 @@
-"""Run a function on several processes of one gloo group, as ``torchrun`` would: the launcher
-that chapter 14's notebooks and tests use to run course_lib.parallel's pieces. It is course
-machinery, not a lesson: it starts the ranks, collects their results, and makes sure that a
-rank that fails or hangs never hangs the caller or leaves a process behind.
+"""Start ranks on this machine and collect what they return: the launchers of chapter 14.
 
-The ranks meet through a file (``dist.FileStore`` in a temporary folder) and talk over the
-loopback interface only.
+- :func:`torchrun` runs a program (a module such as ``course_lib.course.programs.data_parallel``)
+  with PyTorch's own launcher, ``torchrun --standalone --nproc-per-node N -m module``, exactly as
+  a learner would in a terminal; each rank hands its result back with :func:`report`.
+- :func:`run_ranks` runs one importable function on N spawned processes (the tests' launcher).
+
+Both are course machinery, not lessons: a rank that fails reports its own traceback, a rank that
+hangs is stopped at the deadline (of the launch and of every collective), and no process is
+left behind. The ranks talk over the loopback interface only.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,9 +27,104 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .._validate import require_callable, require_positive_int, require_positive_number
+from .._validate import (
+    require_callable,
+    require_instance,
+    require_positive_int,
+    require_positive_number,
+)
 
-__all__ = ["run_ranks"]
+__all__ = ["report", "run_ranks", "start_ranks", "torchrun"]
+
+RESULTS = "COURSE_LIB_RESULTS"  # the folder where torchrun's ranks leave their results
+TIMEOUT = "COURSE_LIB_TIMEOUT_S"  # the limit of each collective, in seconds
+
+
+def torchrun(program: str, *args: str, nproc: int = 2, timeout_s: float = 120.0) -> list:
+    """Run ``torchrun --standalone --nproc-per-node <nproc> <program> <args>`` (PyTorch's
+    launcher, with this Python): ``program`` is a module (``-m`` is added) or a ``.py`` file.
+    Returns what each rank passed to :func:`report`, in rank order. After ``timeout_s`` (the
+    limit of the run and of each collective), ``TimeoutError``; if a rank fails,
+    ``RuntimeError`` with the traceback of the first to fail. Either way no process of the run
+    is left."""
+    require_instance("program", program, str, "a module name such as "
+                     "'course_lib.course.programs.data_parallel', or a .py file")
+    require_positive_int("nproc", nproc)
+    require_positive_number("timeout_s", timeout_s)
+    for i, arg in enumerate(args):
+        require_instance(f"args[{i}]", arg, str, "a command-line argument (a str)")
+    check_program(program)
+    script = [program] if program.endswith(".py") else ["-m", program]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", *script, *args]
+    with tempfile.TemporaryDirectory(prefix="course_lib_torchrun_") as folder:
+        env = {"OMP_NUM_THREADS": "1"} | os.environ | {RESULTS: folder, TIMEOUT: str(timeout_s)}
+        log = os.path.join(folder, "output.txt")  # a file, not a pipe: nothing can block on it
+        with open(log, "w") as out:
+            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"torchrun {program} did not finish within timeout_s="
+                                   f"{timeout_s} s: do all ranks call the same collectives?"
+                                   ) from None
+            finally:
+                _stop(process)
+        output = Path(log).read_text()
+        if process.returncode != 0:
+            raise RuntimeError(_first_failure(folder) or
+                               f"torchrun {program} failed:\n{output[-3000:]}")
+        missing = [r for r in range(nproc) if not os.path.exists(_result_file(folder, r))]
+        if missing:
+            raise RuntimeError(f"ranks {missing} of torchrun {program} ended without "
+                               "calling report(result)")
+        return [torch.load(_result_file(folder, rank), weights_only=False)
+                for rank in range(nproc)]  # written by the ranks just now
+
+
+def start_ranks() -> tuple[int, int]:
+    """The first line of a program that :func:`torchrun` (or ``torchrun`` in a terminal)
+    starts: join the group (gloo, over the loopback; a rank that waits longer than the
+    launch's limit in a collective fails), and have a failing rank save its traceback for
+    the launcher. Returns (rank, world size)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    timeout = timedelta(seconds=float(os.environ.get(TIMEOUT, 600)))
+    dist.init_process_group("gloo", timeout=timeout)
+    rank, folder = dist.get_rank(), os.environ.get(RESULTS)
+    if folder:
+        def save_failure(kind, error, trace):  # then fail as Python would
+            failure = (time.time_ns(), rank, "".join(traceback.format_exception(error)))
+            torch.save(failure, os.path.join(folder, f"rank{rank}.error"))
+            sys.__excepthook__(kind, error, trace)
+        sys.excepthook = save_failure
+    return rank, dist.get_world_size()
+
+
+def report(result: object) -> None:
+    """The last line of such a program: hand ``result`` to the launcher (printed by rank 0 when
+    the program runs in a terminal), then leave the group together."""
+    if folder := os.environ.get(RESULTS):
+        torch.save(result, _result_file(folder, dist.get_rank()))
+    elif dist.get_rank() == 0:
+        print(result)
+    dist.barrier()  # nobody leaves while another still talks to it
+    dist.destroy_process_group()
+
+
+def _result_file(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rank{rank}.pt")
+
+
+def _stop(launcher: subprocess.Popen) -> None:
+    """Stop torchrun if it still runs. Its ranks run in sessions of their own, so signals to
+    the launcher's group miss them; on SIGTERM torchrun stops them itself, then exits."""
+    if launcher.poll() is None:
+        launcher.terminate()
+        try:
+            launcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
 
 
 def run_ranks(fn: Callable, world_size: int, *args: object, timeout_s: float = 60.0) -> list:
@@ -84,6 +184,17 @@ def _rank_main(rank: int, fn: Callable, args: tuple, world_size: int, folder: st
 
 
 # --- argument checks
+
+
+def check_program(program: str) -> None:
+    """A .py file that exists, or a module this Python finds."""
+    if program.endswith(".py"):
+        if not os.path.isfile(program):
+            raise FileNotFoundError(f"program {program!r}: no such file")
+    elif importlib.util.find_spec(program) is None:
+        raise ModuleNotFoundError(f"program {program!r}: no such module; give a module name "
+                                  "such as 'course_lib.course.programs.data_parallel' or a "
+                                  ".py file")
 
 
 def check_rank_function(fn: object) -> None:

@@ -1,0 +1,78 @@
+"""Tensor parallelism on N ranks: one attention layer split by heads and one MLP split along
+its hidden units, by hand (course_lib.parallel) and with torch's DTensor. Every rank holds 1/N
+of each layer's weights, and the outputs and the input's gradient must equal the one-device
+layer's (float64).
+
+Every rank runs this whole file. In a terminal:
+
+    torchrun --standalone --nproc-per-node 2 -m course_lib.course.programs.tensor_parallel
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from course_lib.attention import MultiHeadAttention
+from course_lib.course.ranks import report, start_ranks
+from course_lib.layers import FeedForward
+from course_lib.parallel import TensorParallelAttention, TensorParallelFeedForward
+
+D, H, F = 32, 4, 128  # d_model, heads, d_ff
+
+
+def one_device_layers() -> dict:
+    """The layers every rank starts from: the same seeds, the same weights."""
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(D, H).double()
+    torch.manual_seed(1)
+    return {"attention": attention, "MLP": FeedForward(D, F, activation="gelu").double()}
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, T, D) that wants a gradient, and the weights of a scalar loss sum(y * w)."""
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 6, D, generator=generator, dtype=torch.float64, requires_grad=True)
+    return x, torch.randn(2, 6, D, generator=generator, dtype=torch.float64)
+
+
+def forward_backward(layer: torch.nn.Module, causal: bool) -> dict:
+    """The layer's output and dL/dx for L = sum(y * w)."""
+    x, w = inputs()
+    y = layer(x, is_causal=True)[0] if causal else layer(x)
+    (y * w).sum().backward()
+    return {"y": y.detach(), "x grad": x.grad}
+
+
+def local_numel(layer: torch.nn.Module) -> int:
+    """Weights this rank holds (of a DTensor, its own shard)."""
+    return sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in layer.parameters())
+
+
+def main() -> None:
+    rank, world_size = start_ranks()
+    layers = one_device_layers()
+    results = {}
+
+    # By hand: column-parallel in (my heads' rows of W_q, W_k, W_v; my rows of W1),
+    # row-parallel out (the columns of W_o and W2 that read them), one all-reduce per layer.
+    attention = TensorParallelAttention(layers["attention"])
+    results["attention, by hand"] = forward_backward(attention, causal=True)
+    results["attention, by hand"]["weights here"] = local_numel(attention)
+    mlp = TensorParallelFeedForward(layers["MLP"])
+    results["MLP, by hand"] = forward_backward(mlp, causal=False)
+    results["MLP, by hand"]["weights here"] = local_numel(mlp)
+
+    # torch's DTensor: the same plan, named per submodule.
+    mesh = init_device_mesh("cpu", (world_size,))
+    mlp = parallelize_module(one_device_layers()["MLP"], mesh,
+                             {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    results["MLP, DTensor"] = forward_backward(mlp, causal=False)
+    results["MLP, DTensor"]["weights here"] = local_numel(mlp)
+
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
