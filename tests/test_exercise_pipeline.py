@@ -42,6 +42,7 @@ def _solution_notebook(path, extra_cells=()):
         _cell(CHECK_DOUBLE, "graded", points=2),
         nbformat.v4.new_markdown_cell("Worked answer, solutions only", metadata={
             "tags": ["solution_only"]}),
+        nbformat.v4.new_markdown_cell("### Exercise 7.2: halve\n**★★ standard · 15 min · write**"),
         _cell("def halve(x):\n    ### BEGIN SOLUTION\n    return x / 2\n    ### END SOLUTION"),
         _cell("assert halve(8) == 4\nprint('ok')", "graded"),
         _cell("print('after the exercises')"),
@@ -81,11 +82,12 @@ def test_generated_notebook(tmp_path):
     sources = [c.source for c in nb.cells]
     assert not any("BEGIN SOLUTION" in s or "return 2 * x" in s for s in sources)
     assert 'NotImplementedError("Exercise 7.1: write the body of double")' in sources[2]
-    assert 'NotImplementedError("Exercise 7.2: write the body of halve")' in sources[4]
+    assert 'NotImplementedError("Exercise 7.2: write the body of halve")' in sources[5]
     assert not any("Worked answer" in s for s in sources)  # solution_only cell removed
     assert all(c.outputs == [] and c.execution_count is None for c in nb.cells
                if c.cell_type == "code")
-    assert [g.exercise for g in exercises.graded_cells(nb, 7)] == ["7.1", "7.2"]
+    graded = exercises.graded_cells(nb, 7)
+    assert [(g.exercise, g.minutes, g.points) for g in graded] == [("7.1", None, 2), ("7.2", 15, 15)]
 
 
 def test_generate_never_overwrites_a_learners_work(tmp_path):
@@ -162,7 +164,7 @@ def graded_folder(tmp_path_factory):
     # 01: solved 7.1 correctly, 7.2 wrong
     nb = nbformat.read(ex_dir / "07_practice.ipynb", as_version=4)
     nb.cells[2].source = "def double(x):\n    return x + x"
-    nb.cells[4].source = "def halve(x):\n    return x // 3"
+    nb.cells[5].source = "def halve(x):\n    return x // 3"
     nbformat.write(nb, learner / "01_mixed.ipynb")
     # 02: a syntax error in the first exercise cell
     nb = nbformat.read(ex_dir / "07_practice.ipynb", as_version=4)
@@ -203,13 +205,15 @@ def test_grade_never_writes_the_learners_files(graded_folder):
 def test_grade_scores_correct_wrong_and_unfinished_work(graded_folder):
     report = _by_chapter(graded_folder["json"])
     mixed = report["01_mixed"]
-    assert [(e["exercise"], e["status"], e["points"], e["max_points"]) for e in mixed["exercises"]] == [
-        ("1.1", "pass", 2, 2), ("1.2", "fail", 0, 1)]
+    assert [(e["exercise"], e["status"], e["points"], e["max_points"], e["minutes"])
+            for e in mixed["exercises"]] == [("1.1", "pass", 2, 2, None), ("1.2", "fail", 0, 15, 15)]
     untouched = report["06_untouched"]
     assert [e["status"] for e in untouched["exercises"]] == ["not done", "not done"]
     assert "write the body of double" in untouched["exercises"][0]["detail"]
     solved = report["07_practice"]
-    assert solved["points"] == solved["max_points"] == 3
+    assert solved["points"] == solved["max_points"] == 17
+    total = graded_folder["json"]["total"]
+    assert total["percent"] == round(100 * total["points"] / total["max_points"], 1)
 
 
 def test_grade_reports_syntax_errors_loops_crashes_and_unreadable_files(graded_folder):
@@ -241,13 +245,190 @@ def test_grade_table_output(graded_folder):
     )
     out = proc.stdout
     assert proc.returncode == 0
-    assert "chapter" in out and "01_mixed" in out
-    assert "1.1" in out and "pass" in out and "2 / 2" in out
-    assert "1.2" in out and "fail" in out and "0 / 1" in out
-    assert "total: 2 / 3 points" in out
+    assert "1.2 exercise 2 (01_mixed, 15 points): fail" in out
+    assert "01_mixed  2 / 17" in out
+    assert out.rstrip().endswith("total: 2 / 17 points (12%)")
 
 
 def test_format_report_lists_problems():
     result = grade.NotebookResult(path="x.ipynb", chapter="09_x", problems=["kernel crashed"])
     text = grade.format_report([result])
     assert "no score" in text and "09_x: kernel crashed" in text
+
+
+def _exercise(exercise, status, minutes, detail=""):
+    return grade.ExerciseResult(exercise=exercise, name=f"f{exercise}", status=status,
+                                points=minutes if status == "pass" else 0, max_points=minutes,
+                                detail=detail, minutes=minutes)
+
+
+ZERO_GRAD = ("your train_step does not reset the gradients: call optimizer.zero_grad() before "
+             "loss.backward(), or the gradients of every step add up. " + "x" * 300
+             + "\nsecond line of the message")
+
+
+def test_grade_report_puts_whole_failures_first_and_counts_the_rest_in_one_line():
+    results = [
+        grade.NotebookResult(path="a", chapter="01_a", exercises=[
+            _exercise("1.1", "not done", 10, "Exercise 1.1: write the body of f"),
+            _exercise("1.2", "pass", 15)]),
+        grade.NotebookResult(path="b", chapter="09_b", exercises=[
+            _exercise(f"9.{i}", "not done", 10, f"Exercise 9.{i}: write the body of g")
+            for i in range(1, 6)] + [_exercise("9.7", "fail", 60, ZERO_GRAD)]),
+    ]
+    text = grade.format_report(results)
+    lines = text.splitlines()
+    assert lines[0] == "to fix (1):"
+    assert lines[1] == "  9.7 f9.7 (09_b, 60 points): fail"
+    message = lines[2:lines.index("second line of the message".rjust(32)) + 1]
+    assert all(line.startswith("      ") and len(line) <= 100 for line in message if "xxx" not in line)
+    assert " ".join(" ".join(message).split()) == " ".join(ZERO_GRAD.split())
+    not_done = [line for line in lines if "not done yet" in line]
+    assert not_done == ["not done yet: 6 exercises (60 points); each one's graded cell says what "
+                        "to write"]
+    assert "write the body" not in text
+    assert lines.index(not_done[0]) > 3
+    assert lines[-1] == "total: 15 / 135 points (11%)"
+
+
+def test_grade_json_weights_each_exercise_by_its_minutes():
+    results = [grade.NotebookResult(path="a", chapter="09_a", exercises=[
+        _exercise("9.1", "pass", 10), _exercise("9.7", "pass", 60), _exercise("9.2", "fail", 20)])]
+    report = grade.to_json(results)
+    assert [(e["minutes"], e["points"], e["max_points"]) for e in report["notebooks"][0]["exercises"]] \
+        == [(10, 10, 10), (60, 60, 60), (20, 0, 20)]
+    assert report["total"] == {"points": 70, "max_points": 90, "percent": 77.8}
+
+
+@pytest.mark.parametrize("error,printed,expected", [
+    (None, "", ("pass", "")),
+    (None, "some output\n" + exercises.not_done_line("Exercise 3.2: write the body of f") + "\n",
+     ("not done", "Exercise 3.2: write the body of f")),
+    (("CheckFailure", ZERO_GRAD), "", ("fail", ZERO_GRAD)),
+    (("NotImplementedError", "Exercise 3.2: write the body of f"), "",
+     ("not done", "Exercise 3.2: write the body of f")),
+    (("NameError", "name 'f' is not defined"), "", ("error", "NameError: name 'f' is not defined")),
+])
+def test_grade_status_of_a_cell(error, printed, expected):
+    assert grade._status_for(error, printed) == expected
+
+
+# ----------------------------------------------------------- what a learner sees in a notebook
+
+CHECKS_NOTEBOOK = [
+    ("code", "import torch\nfrom course_lib.course.checks.ch05 import check_causal_mask"),
+    ("markdown", "### Exercise 8.1: a stub\n**★ quick · 10 min · write**"),
+    ("code", "def mask_a(T, S):\n    raise NotImplementedError(\"Exercise 8.1: write the body of "
+             "mask_a\")"),
+    ("graded", "check_causal_mask(mask_a)"),
+    ("markdown", "### Exercise 8.2: a wrong answer\n**★★★ challenge · 60 min · write**"),
+    ("code", "def mask_b(T, S):\n    return torch.ones(T, S, dtype=torch.bool)"),
+    ("graded", "check_causal_mask(mask_b)"),
+    ("markdown", "### Exercise 8.3: an error in the learner's code\n**★★ standard · 15 min · write**"),
+    ("code", "def mask_c(T, S):\n    keep = torch.ones(T, S).tril(S - T)\n"
+             "    return keep.bool() & undefined_name"),
+    ("graded", "check_causal_mask(mask_c)"),
+    ("graded", "check_causal_mask(mask_a)"),
+    ("code", "print('reached the end')"),
+]
+
+
+@pytest.fixture(scope="module")
+def checked_notebook():
+    """A small notebook calling a real check on a stub, a wrong answer and a broken function,
+    run once in a kernel as the grader runs it (outputs kept)."""
+    nb = nbformat.v4.new_notebook()
+    for kind, source in CHECKS_NOTEBOOK:
+        nb.cells.append(nbformat.v4.new_markdown_cell(source) if kind == "markdown"
+                        else _cell(source, *(["graded"] if kind == "graded" else [])))
+    graded = exercises.graded_cells(nb, 8)
+    problems: list[str] = []
+    statuses = grade._execute(nb, {g.index for g in graded}, problems, timeout=120,
+                              startup_timeout=60)
+    return {"nb": nb, "graded": graded, "statuses": statuses, "problems": problems}
+
+
+def _errors(cell):
+    return [o for o in cell.outputs if o.output_type == "error"]
+
+
+def test_run_all_goes_past_an_unsolved_exercise(checked_notebook):
+    nb, graded = checked_notebook["nb"], checked_notebook["graded"]
+    assert checked_notebook["problems"] == []
+    assert [checked_notebook["statuses"][g.index][0] for g in graded] == [
+        "not done", "fail", "fail", "not done"]
+    stub_cell = nb.cells[graded[0].index]
+    assert _errors(stub_cell) == []
+    assert grade._printed(stub_cell) == exercises.not_done_line(
+        "Exercise 8.1: write the body of mask_a") + "\n"
+    assert "reached the end" in grade._printed(nb.cells[-1])
+    assert [(g.minutes, g.points) for g in graded] == [(10, 10), (60, 60), (15, 15), (None, 1)]
+
+
+def test_a_failing_check_shows_its_message_not_the_checkers_frames(checked_notebook):
+    (error,) = _errors(checked_notebook["nb"].cells[checked_notebook["graded"][1].index])
+    shown = "\n".join(error.traceback)
+    assert error.ename == "CheckFailure"
+    assert shown.splitlines()[0] == "\u274c check_causal_mask found a problem:"
+    assert error.evalue in shown and "case 'T=" in error.evalue
+    assert "course_lib" not in shown and "File " not in shown and "Cell In" not in shown
+
+
+def test_an_error_in_the_learners_code_keeps_the_learners_line(checked_notebook):
+    (error,) = _errors(checked_notebook["nb"].cells[checked_notebook["graded"][2].index])
+    shown = "\n".join(error.traceback)
+    assert "mask_c raised NameError" in shown
+    assert "Your code, where it was raised:" in shown
+    assert "line 3, in mask_c" in shown and "return keep.bool() & undefined_name" in shown
+    assert "course_lib" not in shown and "check_one" not in shown
+
+
+def test_a_stub_raises_outside_a_notebook_and_reports_inside_one(monkeypatch, capsys):
+    from course_lib.course.checks import _core
+    from course_lib.course.checks.ch05 import check_causal_mask
+
+    def stub(T, S):
+        raise NotImplementedError("Exercise 5.1: write the body of causal_mask")
+
+    def unsupported(T, S):  # what torch raises for an operation a device lacks
+        raise NotImplementedError("The operator 'aten::tril' is not implemented for MPS")
+
+    with pytest.raises(NotImplementedError, match="Exercise 5.1"):
+        check_causal_mask(stub)
+    monkeypatch.setattr(_core, "_in_ipython", lambda: True)
+    assert check_causal_mask(stub) is None
+    assert capsys.readouterr().out == exercises.not_done_line(
+        "Exercise 5.1: write the body of causal_mask") + "\n"
+    with pytest.raises(NotImplementedError, match="MPS"):
+        check_causal_mask(unsupported)
+
+
+def test_an_error_raised_by_the_learners_code_outside_call_learner_shows_the_learners_line():
+    from course_lib.course.checks import _core
+
+    def learners_check_one(result, case):
+        raise ValueError(f"cannot use {result}")
+
+    check = _core.graded_check(_core.run_cases)
+    with pytest.raises(ValueError) as info:
+        check("f", lambda: 1, [_core.Case("one")], learners_check_one)
+    shown = info.value._render_traceback_()
+    assert shown[:2] == ["\u274c run_cases stopped: your code raised ValueError:", "cannot use 1"]
+    assert 'raise ValueError(f"cannot use {result}")' in shown[-1]
+    assert not any("_core.py" in line for line in shown)
+
+
+def test_every_chapters_checks_are_graded_checks():
+    """Each chapter module wraps its public checks (a stub's not-done line, short failures)."""
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "course_lib" / "course" / "checks"
+    unwrapped = []
+    for path in sorted(folder.glob("ch[0-9][0-9].py")):
+        module = importlib.import_module(f"course_lib.course.checks.{path.stem}")
+        unwrapped += [f"{path.stem}.{name}" for name, fn in vars(module).items()
+                      if name.startswith("check_") and inspect.isfunction(fn)
+                      and not getattr(fn, "__course_graded__", False)]
+    assert unwrapped == [], "end the module with wrap_checks(sys.modules[__name__])"

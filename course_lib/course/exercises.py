@@ -9,14 +9,18 @@ bodies between two marker lines::
         return torch.softmax(scores, dim=-1)
         ### END SOLUTION
 
-and each exercise is followed by a code cell tagged ``graded`` that calls a check (optional
-cell metadata ``"points": n``, default 1). The k-th graded cell of chapter NN is exercise NN.k,
-and the solution blocks before it belong to that exercise.
+and each exercise is followed by a code cell tagged ``graded`` that calls a check. The k-th
+graded cell of chapter NN is exercise NN.k, and the solution blocks before it belong to that
+exercise. An exercise is worth as many points as the minutes its heading's label gives
+(``**★★ standard · 15 min · write**`` in the ``### Exercise`` cell above it: 15 points); a
+graded cell without such a heading is worth its metadata ``"points": n``, default 1.
 
 The generator writes ``exercises/NN_topic.ipynb`` with each block replaced by
 ``raise NotImplementedError("Exercise N.k: ...")`` at the same indentation, every output
 cleared, and cells tagged ``solution_only`` removed. Because the stub is inside the function
-body, defining the function still works and an unsolved exercise fails at its own graded cell.
+body, defining the function still works and an unsolved exercise is reported at its own graded
+cell: in a notebook the check prints :func:`not_done_line` instead of raising, so Run All goes
+on to the next exercise, and the grader reads that line back with :func:`parse_not_done`.
 
 A generated notebook records a fingerprint of its own content. The generator only overwrites a
 file whose content still matches its fingerprint, so a learner's work in ``exercises/`` is never
@@ -50,16 +54,40 @@ SOLUTION_ONLY_TAG = "solution_only"
 NB_VERSION = 4
 _DEF_RE = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)\s*\(")
 _CLASS_RE = re.compile(r"^(\s*)class\s+(\w+)\b")
+# The label under an exercise's heading: **★★ standard · 15 min · write**
+LABEL_RE = re.compile(r"\*\*(★{1,3}) (quick|standard|challenge) · (\d+) min · ([a-z ]+)\*\*")
+# The message of a stub this generator writes: "Exercise 9.1: write the body of f"
+STUB_RE = re.compile(r"^Exercise \d+\.\d+: ")
+_NOT_DONE = "\u23ed {message} (not done yet; the notebook goes on)"
+_NOT_DONE_RE = re.compile(r"^\u23ed (.+) \(not done yet; the notebook goes on\)$", re.M)
+
+
+def is_stub_message(message: str) -> bool:
+    """True for the message of a generated stub, ``"Exercise 9.1: write the body of f"``."""
+    return bool(STUB_RE.match(message))
+
+
+def not_done_line(message: str) -> str:
+    """The line a check prints, instead of raising, for an exercise that is still a stub."""
+    return _NOT_DONE.format(message=message)
+
+
+def parse_not_done(text: str) -> str | None:
+    """The stub's message from a cell's printed output, or None if it holds no not-done line."""
+    match = _NOT_DONE_RE.search(text)
+    return match.group(1) if match else None
 
 
 @dataclass(frozen=True)
 class GradedCell:
-    """A graded cell of a notebook: its index, exercise id (e.g. "2.1"), name and points."""
+    """A graded cell of a notebook: its index, exercise id (e.g. "2.1"), name, the minutes its
+    heading's label gives (None without a label) and its points."""
 
     index: int
     exercise: str
     name: str
     points: float
+    minutes: int | None = None
 
 
 def chapter_of(path: Path) -> int:
@@ -77,15 +105,24 @@ def _tags(cell) -> list[str]:
 
 
 def graded_cells(nb: nbformat.NotebookNode, chapter: int) -> list[GradedCell]:
-    """The graded cells of a notebook, in order, numbered chapter.1, chapter.2, ..."""
+    """The graded cells of a notebook, in order, numbered chapter.1, chapter.2, ...
+
+    Each is worth the minutes of the labelled ``### Exercise`` heading between it and the
+    previous graded cell, or, without one, its metadata ``"points"`` (default 1).
+    """
     found = []
+    minutes = None
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and GRADED_TAG in _tags(cell):
+        if cell.cell_type == "markdown" and cell.source.startswith("### Exercise"):
+            label = LABEL_RE.search(cell.source)
+            minutes = int(label.group(3)) if label else None
+        elif cell.cell_type == "code" and GRADED_TAG in _tags(cell):
             number = len(found) + 1
             match = re.search(r"\bcheck_(\w+)\s*\(", cell.source)
             name = match.group(1) if match else f"exercise {number}"
-            points = float(cell.metadata.get("points", 1))
-            found.append(GradedCell(index, f"{chapter}.{number}", name, points))
+            points = float(minutes if minutes is not None else cell.metadata.get("points", 1))
+            found.append(GradedCell(index, f"{chapter}.{number}", name, points, minutes))
+            minutes = None
     return found
 
 

@@ -7,14 +7,18 @@ environment grade itself runs in, so the learner's files are never written. Ever
 (tagged ``graded``, see :mod:`course_lib.course.exercises`) is scored:
 
 ========  ================================================================
-pass      the check ran and printed its pass line
+pass      the check ran without an error or a not-done line
 fail      the check raised AssertionError: the answer is wrong
-not done  NotImplementedError: the exercise is still a stub
+not done  the check printed its not-done line, or NotImplementedError
 error     any other exception (a NameError after a broken cell, say)
 timeout   the cell ran longer than the per-cell timeout
 not run   the kernel crashed earlier, so the cell never ran
 ========  ================================================================
 
+An exercise is worth the minutes its label gives (see
+:func:`~course_lib.course.exercises.graded_cells`). The report lists the failures first,
+each with its whole message, then counts the exercises not done yet in one line, then a line
+per notebook and the total in points and percent.
 A notebook that cannot be read, has a syntax error, loops forever or crashes its kernel is
 reported as such, and the remaining notebooks are still graded.
 """
@@ -25,6 +29,7 @@ import argparse
 import json
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +41,7 @@ from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from .exercises import NB_VERSION, chapter_of, graded_cells
+from .exercises import NB_VERSION, chapter_of, graded_cells, parse_not_done
 
 DEFAULT_TIMEOUT = 300
 _TIMEOUT_ENAME = "CellTimeout"
@@ -64,6 +69,7 @@ class ExerciseResult:
     points: float
     max_points: float
     detail: str = ""
+    minutes: int | None = None
 
 
 @dataclass
@@ -97,15 +103,22 @@ def _error_of(cell) -> tuple[str, str] | None:
     return None
 
 
-def _status_for(error: tuple[str, str] | None) -> tuple[str, str]:
+def _printed(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream")
+
+
+def _status_for(error: tuple[str, str] | None, printed: str = "") -> tuple[str, str]:
+    """(status, detail) of a cell from its error and its printed text; details are whole."""
     if error is None:
-        return "pass", ""
+        stub = parse_not_done(printed)
+        return ("not done", stub) if stub else ("pass", "")
     ename, evalue = error
     if ename in ("AssertionError", "CheckFailure"):
-        return "fail", _first_line(evalue)
+        return "fail", evalue.strip() or ename
     if ename == "NotImplementedError":
-        return "not done", _first_line(evalue) or "the exercise is still a stub"
-    return "error", f"{ename}: {_first_line(evalue)}"
+        return "not done", evalue.strip() or "the exercise is still a stub"
+    return "error", f"{ename}: {evalue.strip()}"
 
 
 def grade_notebook(
@@ -137,6 +150,7 @@ def grade_notebook(
         result.exercises.append(ExerciseResult(
             exercise=g.exercise, name=g.name, status=status,
             points=g.points if status == "pass" else 0.0, max_points=g.points, detail=detail,
+            minutes=g.minutes,
         ))
     result.seconds = round(time.perf_counter() - start, 1)
     return result
@@ -215,9 +229,9 @@ def _run_cells(
             continue
         consecutive_timeouts = 0
         error = _error_of(cell)
-        statuses[index] = _status_for(error)
+        statuses[index] = _status_for(error, _printed(cell))
         if error and index not in graded:
-            kind = "has a" if error[0] in ("SyntaxError", "IndentationError") else "raised"
+            kind = {"SyntaxError": "has a", "IndentationError": "has an"}.get(error[0], "raised")
             problems.append(f"cell {index} {kind} {error[0]}: {_first_line(error[1])}")
 
 
@@ -234,39 +248,67 @@ def find_notebooks(paths: list[str]) -> list[Path]:
 
 
 def _fmt(points: float) -> str:
-    return str(int(points)) if float(points).is_integer() else f"{points:.1f}"
+    return f"{points:,.0f}" if float(points).is_integer() else f"{points:,.1f}"
+
+
+def _percent(points: float, max_points: float) -> str:
+    return f"{100 * points / max_points:.0f}%" if max_points else "-"
+
+
+def _indented(text: str, prefix: str = "      ", width: int = 100) -> list[str]:
+    """``text`` indented by ``prefix``, its long lines wrapped (between words, none cut)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        out += textwrap.wrap(line, width, initial_indent=prefix, subsequent_indent=prefix,
+                             break_long_words=False, break_on_hyphens=False) or [""]
+    return out
 
 
 def format_report(results: list[NotebookResult]) -> str:
-    """The human-readable score table."""
-    rows = [("chapter", "exercise", "name", "result", "points")]
-    details: list[str] = []
-    for nb in results:
-        if not nb.exercises:
-            rows.append((nb.chapter, "-", "-", "no score", "-"))
-        for e in nb.exercises:
-            rows.append((nb.chapter, e.exercise, e.name, e.status,
-                         f"{_fmt(e.points)} / {_fmt(e.max_points)}"))
-            if e.detail and e.status != "pass":
-                details.append(f"  {e.exercise} {e.name}: {e.detail}")
-    total = sum(r.points for r in results)
-    max_total = sum(r.max_points for r in results)
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("  ".join("-" * w for w in widths))
-    lines.append(f"total: {_fmt(total)} / {_fmt(max_total)} points")
-    if details:
-        lines += ["", "what went wrong:", *details]
+    """The human-readable report: failures first (whole messages), the exercises not done yet
+    in one line, problems, a line per notebook and the total."""
+    lines: list[str] = []
+    failed = [(nb, e) for nb in results for e in nb.exercises
+              if e.status not in ("pass", "not done")]
+    if failed:
+        lines.append(f"to fix ({len(failed)}):")
+        for nb, e in failed:
+            lines.append(f"  {e.exercise} {e.name} ({nb.chapter}, {_fmt(e.max_points)} points): "
+                         f"{e.status}")
+            lines += _indented(e.detail)
+        lines.append("")
+    not_done = [e for nb in results for e in nb.exercises if e.status == "not done"]
+    if not_done:
+        open_points = sum(e.max_points for e in not_done)
+        lines += [f"not done yet: {len(not_done)} exercise{'s' * (len(not_done) != 1)} "
+                  f"({_fmt(open_points)} points); each one's graded cell says what to write", ""]
     problems = [f"  {nb.chapter}: {p}" for nb in results for p in nb.problems]
     if problems:
-        lines += ["", "problems:", *problems]
+        lines += ["problems:", *problems, ""]
+    rows = [("notebook", "points", "pass", "to fix", "not done")]
+    for nb in results:
+        counts = [sum(e.status == "pass" for e in nb.exercises),
+                  sum(e.status not in ("pass", "not done") for e in nb.exercises),
+                  sum(e.status == "not done" for e in nb.exercises)]
+        score = f"{_fmt(nb.points)} / {_fmt(nb.max_points)}" if nb.exercises else "no score"
+        rows.append((nb.chapter, score, *map(str, counts)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    table.insert(1, "  ".join("-" * w for w in widths))
+    total, max_total = _totals(results)
+    lines += [*table, "", f"total: {_fmt(total)} / {_fmt(max_total)} points "
+              f"({_percent(total, max_total)})"]
     return "\n".join(lines)
 
 
+def _totals(results: list[NotebookResult]) -> tuple[float, float]:
+    return sum(r.points for r in results), sum(r.max_points for r in results)
+
+
 def to_json(results: list[NotebookResult]) -> dict:
-    """The same report as a JSON-serialisable dict."""
+    """The same report as a JSON-serialisable dict (each exercise with its minutes and points)."""
+    total, max_total = _totals(results)
     return {
         "notebooks": [
             {**{k: v for k, v in asdict(nb).items() if k != "exercises"},
@@ -274,8 +316,8 @@ def to_json(results: list[NotebookResult]) -> dict:
              "exercises": [asdict(e) for e in nb.exercises]}
             for nb in results
         ],
-        "total": {"points": sum(r.points for r in results),
-                  "max_points": sum(r.max_points for r in results)},
+        "total": {"points": total, "max_points": max_total,
+                  "percent": round(100 * total / max_total, 1) if max_total else None},
     }
 
 

@@ -7,23 +7,39 @@ wrong axis, a missing 1/sqrt(d), ...) and, if the learner's output matches one o
 
 Outcomes:
     * every case matches: a single line starting with a check mark is printed;
-    * the exercise is still a stub: the learner's ``NotImplementedError`` propagates unchanged,
-      so an unsolved exercise fails at its own graded cell;
+    * the exercise is still a stub: in a notebook (an IPython shell) the check prints one
+      not-done line (:func:`course_lib.course.exercises.not_done_line`) and returns, so Run All
+      goes on to the next exercise; elsewhere (a script, a test) the learner's
+      ``NotImplementedError`` propagates unchanged;
     * anything else: :class:`CheckFailure` (an ``AssertionError``) with a message about the
       likely misconception and the case that exposed it.
+
+Every public ``check_*`` function of a chapter module is wrapped by :func:`graded_check` when
+the module is imported (see ``checks/__init__.py``). Besides the stub rule, the wrapper makes
+IPython show an error from a check as its message alone: a :class:`CheckFailure` as a header
+and its message, an error the learner's own code raised as its message and the learner's lines,
+never the checker's frames (IPython renders an exception through its ``_render_traceback_``).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import numbers
+import os
+import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from course_lib.course.exercises import is_stub_message, not_done_line
 
 ATOL = 1e-5
 RTOL = 1e-4
@@ -31,6 +47,105 @@ RTOL = 1e-4
 
 class CheckFailure(AssertionError):
     """A learner's function gave a wrong answer; the message says what looks wrong."""
+
+    def _render_traceback_(self) -> list[str]:
+        return render_error(self)
+
+
+_CHECKS_DIR = f"{Path(__file__).resolve().parent}{os.sep}"
+# Frames from these folders are not the learner's: course_lib (the checker and the library it
+# calls), the standard library and installed packages (torch's own frames, IPython's).
+_NOT_THE_LEARNERS = tuple(f"{p}{os.sep}" for p in {
+    Path(__file__).resolve().parents[2], *(Path(sysconfig.get_path(k)).resolve()
+                                          for k in ("stdlib", "purelib", "platlib"))})
+
+
+def _learners_frames(tb) -> list[traceback.FrameSummary]:
+    """The frames of ``tb`` below the checker's last frame that are the learner's own code."""
+    frames = traceback.extract_tb(tb)
+    files = [os.path.realpath(f.filename) for f in frames]
+    checker = [i for i, name in enumerate(files) if name.startswith(_CHECKS_DIR)]
+    start = checker[-1] + 1 if checker else 0
+    return [f for f, name in zip(frames[start:], files[start:], strict=True)
+            if not name.startswith(_NOT_THE_LEARNERS)]
+
+
+def _where(filename: str) -> str:
+    """``Cell In[5]`` for a notebook cell (as IPython names it), else ``File "path"``."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    format_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    name = format_name(filename) if format_name is not None else None
+    return f"{name[0]} {name[1]}" if name else f'File "{filename}"'
+
+
+def render_error(exc: BaseException, check: str | None = None) -> list[str]:
+    """How IPython shows an error from a check: a header and the message, then the learner's
+    own lines that raised it (from the error itself or the error it was raised from), without
+    the checker's frames."""
+    check = check or getattr(exc, "course_check", None) or "the check"
+    if isinstance(exc, CheckFailure):
+        lines = [f"\u274c {check} found a problem:", str(exc)]
+        raised = exc.__cause__
+    else:
+        lines = [f"\u274c {check} stopped: your code raised {type(exc).__name__}:", str(exc)]
+        raised = exc
+    frames = _learners_frames(raised.__traceback__) if raised is not None else []
+    if frames:
+        lines.append("Your code, where it was raised:")
+        for f in frames:
+            lines.append(f"  {_where(f.filename)}, line {f.lineno}, in {f.name}")
+            if f.line:
+                lines.append(f"    {f.line}")
+    return lines
+
+
+def _in_ipython() -> bool:
+    """True inside an IPython shell (a Jupyter kernel): Run All must not stop at a stub there."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and ipython.get_ipython() is not None
+
+
+_depth = 0  # how many graded checks are running (a check may call another)
+
+
+def graded_check(check: Callable) -> Callable:
+    """Wrap a public check: a stub is reported in one line in a notebook, and an error shows as
+    its message and the learner's lines (see the module docstring)."""
+
+    @functools.wraps(check)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        global _depth
+        _depth += 1
+        try:
+            return check(*args, **kwargs)
+        except Exception as exc:
+            if (isinstance(exc, NotImplementedError) and is_stub_message(str(exc))
+                    and _depth == 1 and _in_ipython()):
+                print(not_done_line(str(exc)))
+                return None
+            if getattr(exc, "course_check", None) is None:
+                try:
+                    exc.course_check = check.__name__  # the innermost check that saw it
+                    if not isinstance(exc, CheckFailure):
+                        exc._render_traceback_ = functools.partial(render_error, exc)
+                except AttributeError:  # an exception class with __slots__: shown as usual
+                    pass
+            raise
+        finally:
+            _depth -= 1
+
+    run.__course_graded__ = True
+    return run
+
+
+def wrap_checks(module: Any) -> None:
+    """Wrap every public ``check_*`` function a chapter module defines with :func:`graded_check`."""
+    for name, value in list(vars(module).items()):
+        if (name.startswith("check_") and inspect.isfunction(value)
+                and value.__module__ == module.__name__
+                and not getattr(value, "__course_graded__", False)):
+            setattr(module, name, graded_check(value))
 
 
 @dataclass

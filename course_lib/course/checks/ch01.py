@@ -6,6 +6,7 @@ Conventions the exercises state: vectors are rows, so W h_{t-1} for a batch of s
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from ._core import (
     describe,
     rand,
     run_cases,
+    wrap_checks,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -818,3 +820,7 @@ __all__ = [
     "check_gradient_norms",
     "check_gradient_ratio_prediction",
 ]
+
+
+# in a notebook: a stub's check prints one not-done line, a failure only its message
+wrap_checks(sys.modules[__name__])

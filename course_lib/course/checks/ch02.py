@@ -21,6 +21,7 @@ Weight matrices use nn.Linear's (out, in) layout: W_q is (d_k, d_in) and Q = X @
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,7 @@ from ._core import (
     rand,
     require_number,
     run_cases,
+    wrap_checks,
 )
 
 BATCH_HINT = (
@@ -822,8 +824,25 @@ def _batched_gradient_shape(got: Any, expected: torch.Tensor) -> None:
         )
 
 
+def _show_gradient_fading(scores_gradient: Callable) -> None:
+    """Print the learner's gradient on one row of scores made 1, 4, 16 and 64 times larger: it
+    fades as the softmax saturates. In float64: float32 would round the tiniest gradients away
+    (to 0, or to its rounding noise)."""
+    gen = torch.Generator().manual_seed(0)
+    v, grad_out = torch.randn(6, 4, generator=gen), torch.randn(1, 4, generator=gen)
+    raw = torch.randn(1, 6, generator=gen)  # (T=1, S=6): one row of scores
+    v, grad_out, raw = v.double(), grad_out.double(), raw.double()
+    for size in (1, 4, 16, 64):
+        weights = torch.softmax(size * raw, dim=-1)  # (1, 6): larger scores, sharper softmax
+        case = Case(f"one row of scores x {size}", (weights, v, grad_out))
+        grad = call_learner(scores_gradient, case)  # (1, 6)
+        print(f"scores x {size:>2}: largest weight {weights.max():.3f}, "
+              f"gradient norm {grad.norm():.2e}")
+
+
 def check_scores_gradient(scores_gradient: Callable) -> None:
-    """Check ``scores_gradient(weights, v, grad_out)`` against autograd.
+    """Check ``scores_gradient(weights, v, grad_out)`` against autograd, then show how the
+    gradient it computes fades on a row of ever larger scores.
 
     Args:
         scores_gradient: the learner's function taking the attention weights
@@ -840,6 +859,7 @@ def check_scores_gradient(scores_gradient: Callable) -> None:
                         misconceptions=SCORES_GRADIENT_MISTAKES)
 
     run_cases("scores_gradient", scores_gradient, _scores_gradient_cases(seed=24), check_one)
+    _show_gradient_fading(scores_gradient)
 
 
 # --------------------------------------------------------------------------- exercise 2.5
@@ -1166,3 +1186,7 @@ def check_equivariance_study(predict_equivariant: Callable[[], dict],
     print("\u2705 your tester works on all the test cases, and your predictions match it: "
           "anything that looks at where a token stands (a position vector, a mask) breaks "
           "equivariance; anything that treats the tokens as a set keeps it")
+
+
+# in a notebook: a stub's check prints one not-done line, a failure only its message
+wrap_checks(sys.modules[__name__])

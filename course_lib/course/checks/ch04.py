@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from ._core import (
     prediction_dict,
     require_count,
     require_real,
+    wrap_checks,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -325,3 +327,7 @@ def check_fixed_ffn(model_class: Callable) -> None:
             f"'{name}'): FFN(x) = fc2(relu(fc1(x))) at every position")
     print(f"\u2705 your FFN keeps positions apart (who_sees_whom gives the identity) and equals "
           f"course_lib's FeedForward on all {len(FIXED_FFN_SHAPES)} test shapes")
+
+
+# in a notebook: a stub's check prints one not-done line, a failure only its message
+wrap_checks(sys.modules[__name__])

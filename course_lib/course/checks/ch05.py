@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from ._core import (
     describe,
     rand,
     run_cases,
+    wrap_checks,
 )
 
 ATOL = 1e-5
@@ -796,3 +798,7 @@ def _check_lm_steps(model: torch.nn.Module, ids: torch.Tensor, logits: torch.Ten
         "equations applied to its own layers by up to "
         f"{float((logits - expected).abs().max()):.3g}: compare each of your lines with one "
         "equation")
+
+
+# in a notebook: a stub's check prints one not-done line, a failure only its message
+wrap_checks(sys.modules[__name__])

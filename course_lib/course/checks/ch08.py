@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,6 +37,7 @@ from ._core import (
     require_count,
     require_number,
     run_cases,
+    wrap_checks,
 )
 
 ATOL = 1e-5
@@ -936,3 +938,7 @@ def check_masking_predictions(predict_masking: Callable) -> None:
           "200,000 positions:")
     for key in MASKING_KEYS:
         print(f"    {key:14s} predicted {shares[key]:.3f}   measured {measured[key]:.3f}")
+
+
+# in a notebook: a stub's check prints one not-done line, a failure only its message
+wrap_checks(sys.modules[__name__])
