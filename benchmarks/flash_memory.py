@@ -62,6 +62,7 @@ from benchmarks.attention_cost import DTYPES, measure_memory
 from course_lib import best_time, chunked_attention, num_threads, scaled_dot_product_attention
 from course_lib.device import get_device
 from course_lib.flash import flash_attention
+from course_lib.instruments.measure import saved_bytes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,19 +95,6 @@ def variants(block_size: int, causal: bool) -> dict[str, Callable]:
     }
 
 
-def kept_bytes(fn: Callable[[], torch.Tensor]) -> int:
-    """Bytes of the distinct storages autograd keeps for the backward pass of ``fn()``."""
-    storages = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(storages.values())
-
-
 def measure(fn: Callable, n: int, args: argparse.Namespace, device: torch.device,
             dtype: torch.dtype) -> tuple[int, int, float]:
     """(kept bytes, peak bytes, seconds) of one forward + backward pass at length n."""
@@ -120,7 +108,7 @@ def measure(fn: Callable, n: int, args: argparse.Namespace, device: torch.device
 
     clock = "thread" if device.type == "cpu" else "wall"
     seconds = best_time(step, repeat=args.repeat, device=device, clock=clock)
-    return kept_bytes(lambda: fn(q, k, v)), measure_memory(step, device), seconds
+    return saved_bytes(lambda: fn(q, k, v)), measure_memory(step, device), seconds
 
 
 def slope(sizes: list[int], values: list[float]) -> float:

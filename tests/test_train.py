@@ -1218,3 +1218,26 @@ def test_a_save_killed_half_way_leaves_the_old_checkpoint_whole(saved_run):
     _same(_snapshot(restored, None)["model"], _snapshot(model, None)["model"])
     save_checkpoint(path, restored, optimizer, step=1)  # the next save writes over the rest
     assert not partial.exists()
+
+
+def test_checkpointed_blocks_keep_less_for_the_same_gradients():
+    """checkpoint_blocks: the same loss and gradients, a fraction of the activations kept."""
+    from course_lib.instruments.measure import saved_bytes
+    from course_lib.train import checkpoint_blocks
+
+    torch.manual_seed(0)
+    config = DecoderConfig(vocab_size=32, d_model=32, n_heads=4, n_layers=3, max_len=16)
+    plain = DecoderLM(config).double()
+    lean = DecoderLM(config).double()
+    lean.load_state_dict(plain.state_dict())
+    assert checkpoint_blocks(lean) is lean
+    ids = torch.randint(0, 32, (4, 17), generator=torch.Generator().manual_seed(1))
+    kept = {}
+    for name, model in (("plain", plain), ("lean", lean)):
+        kept[name] = saved_bytes(lambda m=model: m(ids[:, :-1], targets=ids[:, 1:]).loss.backward())
+    for p, q in zip(plain.parameters(), lean.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-12)
+    weights = sum(p.numel() * p.element_size() for p in plain.parameters())
+    assert kept["lean"] - weights < (kept["plain"] - weights) / 3
+    with pytest.raises(TypeError, match="model.blocks"):
+        checkpoint_blocks(torch.nn.Linear(2, 2))

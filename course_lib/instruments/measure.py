@@ -1,9 +1,10 @@
 """Instruments that watch PyTorch run a function: which attention kernel it reached
-(:func:`kernel_used`) and how much tensor memory it held at its peak (:func:`peak_memory`).
+(:func:`kernel_used`), how much tensor memory it held at its peak (:func:`peak_memory`) and how
+much autograd kept for the backward pass (:func:`saved_bytes`).
 
-Both intercept every low-level operator inside the function with a ``TorchDispatchMode``, the
-hook PyTorch calls for each operator before it runs (the same mechanism as
-``torch.utils.flop_counter.FlopCounterMode``).
+The first two intercept every low-level operator inside the function with a
+``TorchDispatchMode``, the hook PyTorch calls for each operator before it runs (the same
+mechanism as ``torch.utils.flop_counter.FlopCounterMode``).
 """
 
 from __future__ import annotations
@@ -110,3 +111,25 @@ def peak_memory(fn: Callable[[], Any]) -> int:
         result = fn()
         del result
     return tracker.peak
+
+
+def saved_bytes(fn: Callable[[], Any]) -> int:
+    """Bytes that autograd keeps for the backward pass while ``fn()`` runs: the distinct
+    storages of every tensor saved for backward (``saved_tensors_hooks`` sees each one), the
+    inputs and weights it saves included. Exact and repeatable.
+
+    Args:
+        fn: no arguments, e.g. ``lambda: model(ids, targets=targets).loss``; call backward
+            outside it.
+    """
+    require_callable("fn", fn, "a function with no arguments, called as fn()",
+                     "wrap the call in a lambda: lambda: model(ids).logits", n_args=0)
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
