@@ -194,3 +194,19 @@ def test_nbval_markers_stand_alone_on_their_line(path):
                line.startswith("# NBVAL_") and len(line.split()) > 2
                for line in c.source.splitlines())]
     assert bad == [], f"cells {bad}: put the explanation on the next line"
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("path", LECTURES + DEEPER + SOLUTIONS + EXERCISES,
+                         ids=_ids(LECTURES + DEEPER + SOLUTIONS + EXERCISES))
+def test_every_relative_link_resolves(path):
+    """A link to another file of the course opens from JupyterLab started at the repository
+    root (the README's Quick start): the file exists where the link points."""
+    nb = nbformat.read(path, as_version=4)
+    targets = [m.group(1) for c in nb.cells if c.cell_type == "markdown"
+               for m in _LINK.finditer(c.source)]
+    broken = [t for t in targets if not re.match(r"[a-z]+:|#", t)
+              and not (path.parent / t.split("#")[0]).resolve().exists()]
+    assert broken == [], f"links to missing files: {broken}"

@@ -171,7 +171,7 @@ CASES = {case.name: case for case in (
             "first_divergence (chapter 08) against course_lib's MultiHeadAttention, and the "
             "same comparison with one head"),
     GymCase("rope_v", RotaryAttention, lambda d, h: MultiHeadAttention(d, h, rope=True), False,
-            "the repeated-token test (chapter 03, Exercise 3.4): one token at every position "
+            "the repeated-token test (chapter 03): one token at every position "
             "must give one output at every position when the positions only steer the weights"),
     GymCase("cache", CacheAttention, lambda d, h: MultiHeadAttention(d, h, rope=True), True,
             "cached = uncached (chapter 09): the sequence fed in pieces through a KV cache "
