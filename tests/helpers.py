@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -50,3 +52,16 @@ class Float64Watch(TorchFunctionMode):
             if isinstance(t, torch.Tensor) and t.dtype == torch.float64 and t.device.type != "cpu":
                 self.calls.append(getattr(func, "__name__", str(func)))
         return out
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, finished but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no /proc (macOS), or gone meanwhile
+        return True

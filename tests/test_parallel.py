@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import alive
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -512,14 +513,6 @@ def children() -> set[int]:
         if int(fields[1]) == os.getpid() and fields[0] != "Z":
             found.add(int(stat.parent.name))
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from helpers import alive
 
 from course_lib.course.programs import data_parallel, tensor_parallel
 from course_lib.course.ranks import torchrun
@@ -81,15 +82,6 @@ if rank == 1:
 dist.all_reduce(torch.ones(1))
 report(rank)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
-        return stat.read().split(")")[-1].split()[0] != "Z"
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")

@@ -14,11 +14,12 @@ Outcomes:
     * anything else: :class:`CheckFailure` (an ``AssertionError``) with a message about the
       likely misconception and the case that exposed it.
 
-Every public ``check_*`` function of a chapter module is wrapped by :func:`graded_check` when
-the module is imported (see ``checks/__init__.py``). Besides the stub rule, the wrapper makes
-IPython show an error from a check as its message alone: a :class:`CheckFailure` as a header
-and its message, an error the learner's own code raised as its message and the learner's lines,
-never the checker's frames (IPython renders an exception through its ``_render_traceback_``).
+Every public ``check_*`` function of a chapter module is wrapped by :func:`graded_check` (each
+chapter module ends with ``wrap_checks(sys.modules[__name__])``). Besides the stub rule, the
+wrapper makes IPython show an error from a check as its message alone: a :class:`CheckFailure`
+as a header and its message, an error the learner's own code raised as its message and the
+learner's lines, never the checker's frames (IPython renders an exception through its
+``_render_traceback_``).
 """
 
 from __future__ import annotations
