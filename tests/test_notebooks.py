@@ -102,8 +102,10 @@ LABEL_RE = re.compile(r"\*\*(★{1,3}) (quick|standard|challenge) · (\d+) min �
 
 
 def prose_words(nb: nbformat.NotebookNode) -> int:
-    """Words of markdown in a notebook (everything a learner reads, answers and references too)."""
-    return sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    """Words of markdown in a notebook (everything a learner reads, answers and references too;
+    not the Open in Colab link that publishing writes under the title)."""
+    return sum(len(colab.LINK_RE.sub("", c.source).split())
+               for c in nb.cells if c.cell_type == "markdown")
 
 
 # Seconds each core notebook takes to run top to bottom on a two-core CPU, one thread: pytest's

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import nbformat  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from test_notebooks import prose_words  # noqa: E402
 
 from course_lib.course import colab  # noqa: E402
 from course_lib.instruments.viz import _make_widget, interactive, plot_attention, use_course_style  # noqa: E402
@@ -83,6 +84,65 @@ def test_setup_cell_sync(tmp_path):
     fixed.cells[1].source = fixed.cells[1].source.replace("your-account", "someone")
     nbformat.write(fixed, folder / "03_demo.ipynb")
     assert "differs" in colab.sync([folder], check=True)[0]
+
+
+def _titled(title, *cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {title}\n\nWhat this is."),
+                colab.setup_cell(), *cells]
+    return nb
+
+
+def test_publishing_puts_a_colab_link_under_every_title(tmp_path, monkeypatch):
+    from course_lib.course import exercises
+
+    url = "https://github.com/someone/attention-course"
+    monkeypatch.setattr(colab, "REPO_URL", url)
+    monkeypatch.setattr(colab, "SETUP_CELL", colab.setup_source(url))
+    folders = [tmp_path / "notebooks", tmp_path / "notebooks" / "deeper", tmp_path / "solutions"]
+    for folder in folders:
+        folder.mkdir(parents=True)
+    nbformat.write(_titled("01 demo"), folders[0] / "01_demo.ipynb")
+    nbformat.write(_titled("01 deeper"), folders[1] / "01_deeper.ipynb")
+    solution = _titled("01 exercises", nbformat.v4.new_code_cell(
+        "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION"))
+    nbformat.write(solution, folders[2] / "01_demo.ipynb")
+    assert len(colab.sync(folders, check=True)) == 3  # set-up cells and links out of date
+    colab.sync(folders)
+    assert colab.sync(folders, check=True) == []
+    nb = nbformat.read(folders[0] / "01_demo.ipynb", as_version=4)
+    nb.cells[0].source = nb.cells[0].source.replace("someone", "somebody")
+    nbformat.write(nb, folders[0] / "01_demo.ipynb")
+    assert colab.sync(folders, check=True) == [
+        f"{folders[0] / '01_demo.ipynb'}: its Open in Colab link differs from REPO_URL's"]
+    colab.sync(folders)
+    opens = "https://colab.research.google.com/github/someone/attention-course/blob/main/"
+    for path, where in [(folders[0] / "01_demo.ipynb", "notebooks/01_demo.ipynb"),
+                        (folders[1] / "01_deeper.ipynb", "notebooks/deeper/01_deeper.ipynb"),
+                        (folders[2] / "01_demo.ipynb", "solutions/01_demo.ipynb")]:
+        title = nbformat.read(path, as_version=4).cells[0].source
+        assert title.splitlines()[:2] == [title.splitlines()[0], f"[Open in Colab]({opens}{where})"]
+    exercise = exercises.make_exercise_notebook(folders[2] / "01_demo.ipynb")
+    assert f"[Open in Colab]({opens}exercises/01_demo.ipynb)" in exercise.cells[0].source
+    assert "solutions/" not in exercise.cells[0].source
+    # the words of a lesson do not count the link
+    assert prose_words(nbformat.read(folders[0] / "01_demo.ipynb", as_version=4)) == len(
+        "# 01 demo What this is.".split())
+    # back to the placeholder: the links go, and the titles are as they were
+    monkeypatch.setattr(colab, "REPO_URL", colab.PLACEHOLDER_URL)
+    monkeypatch.setattr(colab, "SETUP_CELL", colab.setup_source())
+    assert len(colab.sync(folders, check=True)) == 3
+    colab.sync(folders)
+    assert colab.sync(folders, check=True) == []
+    assert nbformat.read(folders[0] / "01_demo.ipynb", as_version=4).cells[0].source == (
+        "# 01 demo\n\nWhat this is.")
+
+
+def test_a_colab_link_needs_a_github_address():
+    assert colab.colab_link("notebooks/x.ipynb") is None  # the placeholder
+    assert colab.colab_link("notebooks/x.ipynb", "https://gitlab.com/a/b") is None
+    assert colab.colab_link("notebooks/x.ipynb", "https://github.com/a/b.git") == (
+        "[Open in Colab](https://colab.research.google.com/github/a/b/blob/main/notebooks/x.ipynb)")
 
 
 def test_setup_cell_keeps_colabs_torch():

@@ -17,13 +17,17 @@ To publish the course from your own copy of the repository, set ``REPO_URL`` bel
     python -m course_lib.course.colab
 
 which rewrites the set-up cell (the first code cell, tagged ``setup``) of every notebook in
-``notebooks/``, ``notebooks/deeper/`` and ``solutions/`` and regenerates ``exercises/``.
-``--check`` only reports notebooks whose set-up cell differs.
+``notebooks/``, ``notebooks/deeper/`` and ``solutions/``, puts an "Open in Colab" link under
+each notebook's title (a GitHub repository's notebooks open in Colab by address; while
+``REPO_URL`` is the placeholder there is no address, so no link) and regenerates
+``exercises/``, whose links point at their own files. ``--check`` only reports notebooks whose
+set-up cell or link differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -35,6 +39,11 @@ import nbformat
 PLACEHOLDER_URL = "https://github.com/your-account/self-attention-course"
 REPO_URL = PLACEHOLDER_URL
 SETUP_TAG = "setup"
+BRANCH = "main"  # the branch a published notebook opens from
+COLAB_GITHUB = "https://colab.research.google.com/github/"
+LINK_RE = re.compile(r"^\[Open in Colab\]\(https://colab\.research\.google\.com/github/[^)\s]*\)\n",
+                     re.M)
+_GITHUB_RE = re.compile(r"^https://github\.com/([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
 # Every folder of notebooks that starts with the set-up cell (exercises/ is generated).
 NOTEBOOK_FOLDERS = (Path("notebooks"), Path("notebooks/deeper"), Path("solutions"))
 
@@ -82,6 +91,40 @@ def setup_source(repo_url: str = REPO_URL) -> str:
 SETUP_CELL = setup_source()
 
 
+def colab_link(path: str, repo_url: str | None = None) -> str | None:
+    """The markdown line that opens ``path`` (from the repository root, e.g.
+    ``notebooks/01_rnn_limits.ipynb``) in Colab, or None when the course is not published on
+    GitHub (the placeholder, or another host: Colab opens notebooks by address from GitHub)."""
+    repo_url = REPO_URL if repo_url is None else repo_url
+    match = _GITHUB_RE.match(repo_url)
+    if repo_url == PLACEHOLDER_URL or match is None:
+        return None
+    account, repository = match.groups()
+    return f"[Open in Colab]({COLAB_GITHUB}{account}/{repository}/blob/{BRANCH}/{path})"
+
+
+def repository_path(path: Path) -> str:
+    """``path`` from the repository root: the part from its course folder on, e.g.
+    ``.../notebooks/deeper/01_x.ipynb`` -> ``notebooks/deeper/01_x.ipynb``."""
+    parts = Path(path).parts
+    starts = [i for i, part in enumerate(parts) if part in ("notebooks", "solutions", "exercises")]
+    return "/".join(parts[starts[-1]:]) if starts else Path(path).name
+
+
+def with_link(nb: nbformat.NotebookNode, path: str, repo_url: str | None = None) -> bool:
+    """Put ``path``'s Colab link on the line under the title of ``nb``'s first markdown cell (or
+    take a stale one away); return whether anything changed."""
+    cell = next((c for c in nb.cells if c.cell_type == "markdown"), None)
+    if cell is None:
+        return False
+    line = colab_link(path, repo_url)
+    title, _, rest = LINK_RE.sub("", cell.source).partition("\n")
+    source = f"{title}\n{line}\n{rest}" if line else (f"{title}\n{rest}" if rest else title)
+    changed = source != cell.source
+    cell.source = source
+    return changed
+
+
 # Folded where the notebook opens: JupyterLab hides the source, Colab shows the #@title as a form.
 SETUP_METADATA = {"jupyter": {"source_hidden": True}, "cellView": "form"}
 
@@ -114,6 +157,8 @@ def out_of_date(path: Path) -> str | None:
         return f"{path}: the set-up cell differs from course_lib.course.colab.SETUP_CELL"
     if not _folded(nb.cells[index]):
         return f"{path}: the set-up cell is not folded ({SETUP_METADATA} in its metadata)"
+    if with_link(nb, repository_path(path)):
+        return f"{path}: its Open in Colab link differs from REPO_URL's"
     return None
 
 
@@ -135,6 +180,7 @@ def sync(folders: list[Path], *, check: bool = False) -> list[str]:
             else:
                 nb.cells[index].source = SETUP_CELL
                 nb.cells[index].metadata.update(SETUP_METADATA)
+            with_link(nb, repository_path(path))
             nbformat.write(nb, path)
             report.append(f"updated {path}")
     return report
@@ -143,7 +189,8 @@ def sync(folders: list[Path], *, check: bool = False) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.course.colab",
-        description="Write course_lib.course.colab.SETUP_CELL into every notebook's set-up cell.",
+        description="Write course_lib.course.colab.SETUP_CELL into every notebook's set-up cell "
+                    "and an Open in Colab link under its title.",
     )
     parser.add_argument("--check", action="store_true", help="only report differences")
     args = parser.parse_args(argv)

@@ -47,6 +47,8 @@ from pathlib import Path
 
 import nbformat
 
+from .colab import with_link
+
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 GRADED_TAG = "graded"
@@ -206,6 +208,7 @@ def make_exercise_notebook(solution_path: Path) -> nbformat.NotebookNode:
     if n_blocks == 0:
         raise ValueError(f"{solution_path}: no {BEGIN} blocks found")
     nb.cells = cells
+    with_link(nb, f"exercises/{solution_path.name}")  # the published link opens this notebook
     nb.metadata["course"] = {"generated_from": f"solutions/{solution_path.name}"}
     nb.metadata["course"]["fingerprint"] = _fingerprint(nb)
     return nb
