@@ -5,8 +5,8 @@
 
 1. The recipe of ``course_lib.instruments.induction`` over many seeds: where the repeated half's
    loss falls below 1 nat, the final losses and the best head scores, two layers and one.
-2. Chapter 09's CPU char GPT trained for its full 1,500 updates (about 90 s): its heads'
-   previous-token and induction scores, and its losses on repeated text.
+2. Chapter 09's char GPT (one recipe on every device) trained for its full 1,500 updates
+   (about 90 s): its heads' previous-token and induction scores, and its losses on repeated text.
 """
 
 from __future__ import annotations

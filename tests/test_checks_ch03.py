@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from helpers import stub
@@ -19,8 +18,8 @@ from course_lib.course.checks.ch03 import (
     check_alibi_bias,
     check_alibi_slopes,
     check_apply_rope,
+    check_by_parts_frequencies,
     check_fixed_rope,
-    check_ntk_base,
     check_shift_predictions,
     check_sinusoidal_encoding,
     check_value_routes,
@@ -403,57 +402,76 @@ def test_value_routes_stub_propagates():
         check_value_routes(stub)
 
 
-# ------------------------------------------------------------------ 3.5 ntk_scaled_base
+# ------------------------------------------------------------- 3.5 by_parts_frequencies
 
 
-def ntk_formula(d_head, factor, base):
-    return base * factor ** (d_head / (d_head - 2))
+def by_parts_where(d_head, factor, trained_length, base):
+    theta = base ** (-torch.arange(0, d_head, 2, dtype=torch.float32) / d_head)  # (d/2,)
+    full_turn = (trained_length - 1) * theta >= 2 * math.pi
+    return torch.where(full_turn, theta, theta / factor)
 
 
-def ntk_from_the_idea(d_head, factor, base):
-    """Solve for the base whose slowest pair turns `factor` times more slowly, via logs."""
-    slowest = (d_head - 2) / d_head
-    return torch.exp(torch.log(torch.tensor(base, dtype=torch.float64))
-                     + torch.log(torch.tensor(factor, dtype=torch.float64)) / slowest).item()
+def by_parts_loop(d_head, factor, trained_length, base):
+    """Pair by pair in Python floats, through the wavelength 2 pi / theta_i."""
+    speeds = []
+    for i in range(d_head // 2):
+        theta = base ** (-2 * i / d_head)
+        wavelength = 2 * math.pi / theta  # positions per full turn
+        speeds.append(theta if wavelength <= trained_length - 1 else theta / factor)
+    return torch.tensor(speeds, dtype=torch.float64)
 
 
-def ntk_numpy(d_head, factor, base):
-    return np.float64(base) * np.float64(factor) ** (d_head / (d_head - 2))
+def by_parts_library(d_head, factor, trained_length, base):
+    theta = positions.rope_frequencies(d_head, base=base)  # (d/2,)
+    slow = (trained_length - 1) * theta < 2 * torch.pi
+    return theta / torch.where(slow, factor, 1.0)
 
 
-def ntk_library(d_head, factor, base):
-    return positions.ntk_scaled_base(d_head, factor, base=base)
+@pytest.mark.parametrize("fn", [by_parts_where, by_parts_loop, by_parts_library])
+def test_by_parts_accepts_correct_answers(fn, capsys):
+    check_by_parts_frequencies(fn)
+    out = capsys.readouterr().out
+    assert "by_parts_frequencies is correct" in out and "keeps the first 2 of the 6" in out
 
 
-@pytest.mark.parametrize("fn", [ntk_formula, ntk_from_the_idea, ntk_library, ntk_numpy])
-def test_ntk_base_accepts_correct_answers(fn, capsys):
-    check_ntk_base(fn)
-    assert "ntk_scaled_base is correct" in capsys.readouterr().out
+def _by_parts_wrong(turn=2 * math.pi, largest=lambda L: L - 1, slow=lambda t, f: t / f,
+                    swap=False):
+    def fn(d_head, factor, trained_length, base):
+        theta = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+        full_turn = largest(trained_length) * theta >= turn
+        if swap:
+            full_turn = ~full_turn
+        return torch.where(full_turn, theta, slow(theta, factor))
+    return fn
 
 
-WRONG_NTK = {
-    "base times factor": (lambda d, s, b: b * s, "multiplied the base by the factor"),
-    "exponent upside down": (lambda d, s, b: b * s ** ((d - 2) / d), "slowest pair"),
-    "divided": (lambda d, s, b: b / s ** (d / (d - 2)), "should be slowed by the full factor"),
-    "forgot the base": (lambda d, s, b: s ** (d / (d - 2)), "slowest pair"),
-    "a string": (lambda d, s, b: "52780", "should be a number"),
-    "a vector": (lambda d, s, b: torch.full((3,), b), r"should be a number.*\.item\(\)"),
-    "a 0-d tensor": (lambda d, s, b: torch.tensor(b * s ** (d / (d - 2))), r"\.item\(\)"),
-    "rounded": (lambda d, s, b: round(b * s ** (d / (d - 2))), "rounded to a whole number"),
-    "negative": (lambda d, s, b: -b * s ** (d / (d - 2)), "one positive number"),
+WRONG_BY_PARTS = {
+    "nothing slowed": (_by_parts_wrong(turn=-1.0), "trained ones"),
+    "everything slowed": (_by_parts_wrong(turn=math.inf), "position interpolation"),
+    "groups swapped": (_by_parts_wrong(swap=True), "slowed the wrong group"),
+    "L, not L - 1": (_by_parts_wrong(largest=lambda L: L), "off by one offset"),
+    "multiplied": (_by_parts_wrong(slow=lambda t, f: t * f), "divide"),
+    "half a turn": (_by_parts_wrong(turn=math.pi), "half a turn"),
+    "one radian": (_by_parts_wrong(turn=1.0), "with 1 radian"),
+    "NTK": (lambda d, f, L, b: positions.rope_frequencies(
+        d, base=positions.ntk_scaled_base(d, f, base=b)), "NTK-aware"),
+    "per dimension": (lambda d, f, L, b: by_parts_where(d, f, L, b).repeat_interleave(2),
+                      "one speed per dimension"),
+    "a list": (lambda d, f, L, b: by_parts_where(d, f, L, b).tolist(), "torch.tensor"),
+    "integers": (lambda d, f, L, b: by_parts_where(d, f, L, b).long(), "floating-point"),
 }
 
 
-@pytest.mark.parametrize("name", list(WRONG_NTK))
-def test_ntk_base_rejects_wrong_answers(name):
-    fn, message = WRONG_NTK[name]
+@pytest.mark.parametrize("name", list(WRONG_BY_PARTS))
+def test_by_parts_rejects_wrong_answers(name):
+    fn, message = WRONG_BY_PARTS[name]
     with pytest.raises(CheckFailure, match=message):
-        check_ntk_base(fn)
+        check_by_parts_frequencies(fn)
 
 
-def test_ntk_base_stub_propagates():
+def test_by_parts_stub_propagates():
     with pytest.raises(NotImplementedError):
-        check_ntk_base(stub)
+        check_by_parts_frequencies(stub)
 
 
 def test_value_routes_leaves_the_learners_random_state_alone(capsys):

@@ -13,7 +13,7 @@ from torch import nn
 
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch04 import (
-    check_collapse_prediction,
+    check_collapse,
     check_fixed_ffn,
     check_xor_experiment,
     reference_feed_forward,
@@ -30,65 +30,107 @@ def test_reference_feed_forward_matches_functional_form():
     torch.testing.assert_close(reference_feed_forward(x, W1, b1, W2, b2), expected)
 
 
-# ------------------------------------------------------------------ 4.1 predict then verify
-
-def test_measured_collapse_agrees_with_the_rank_bounds():
-    # the printed measurement is the answer: V* = V3 V2 V1 of rank 5, a (3, 16) output of rank 3
-    from course_lib.course.checks.ch04 import _measure_collapse
-    for seed in range(3):
-        assert _measure_collapse(seed) == RIGHT
+# ------------------------------------------------------------------ 4.1 collapse with biases
 
 
-RIGHT = {"V_star_shape": (16, 16), "V_star_rank": 5, "out_rank": 3}
+def collapse_loop(alphas, Vs, cs):
+    alpha_star, V_star, c_star = alphas[0], Vs[0], cs[0]
+    for alpha, V, c in zip(alphas[1:], Vs[1:], cs[1:], strict=True):
+        alpha_star = alpha @ alpha_star
+        V_star = V @ V_star
+        c_star = V @ c_star + c
+    return alpha_star, V_star, c_star
 
 
-@pytest.mark.parametrize("answer", [
-    RIGHT,
-    {"V_star_shape": torch.Size([16, 16]), "V_star_rank": np.int64(5), "out_rank": 3},
-    {"out_rank": np.int32(3), "V_star_rank": 5, "V_star_shape": [16, 16]},
-    {"V_star_shape": (np.int64(16), 16), "V_star_rank": 5, "out_rank": np.uint8(3)},
-])
-def test_collapse_prediction_accepts_right_answers(answer, capsys):
-    check_collapse_prediction(lambda: answer)
+def collapse_closed_form(alphas, Vs, cs):
+    """c* = sum over layers l of (V_N ... V_{l+1}) c_l, each product built from the right."""
+    n = len(Vs)
+    alpha_star = torch.linalg.multi_dot(alphas[::-1]) if n > 1 else alphas[0]
+    V_star = torch.linalg.multi_dot(Vs[::-1]) if n > 1 else Vs[0]
+    c_star = torch.zeros(Vs[-1].shape[0], dtype=Vs[-1].dtype)
+    for layer in range(n):
+        carried = cs[layer]
+        for V in Vs[layer + 1:]:
+            carried = V @ carried
+        c_star = c_star + carried
+    return [alpha_star, V_star, c_star]  # a list is fine too
+
+
+def collapse_through_the_stack(alphas, Vs, cs):
+    """Read c* off the stack itself: push a zero input through the layers."""
+    h = torch.zeros(alphas[0].shape[0], Vs[0].shape[1], dtype=Vs[0].dtype)
+    for alpha, V, c in zip(alphas, Vs, cs, strict=True):
+        h = alpha @ (h @ V.T + c)
+    alpha_star = torch.eye(alphas[0].shape[0], dtype=alphas[0].dtype)
+    V_star = torch.eye(Vs[0].shape[1], dtype=Vs[0].dtype)
+    for alpha, V in zip(alphas, Vs, strict=True):
+        alpha_star, V_star = alpha @ alpha_star, V @ V_star
+    return alpha_star.float(), V_star.float(), h[0].float()  # float32 is close enough
+
+
+@pytest.mark.parametrize("fn", [collapse_loop, collapse_closed_form, collapse_through_the_stack])
+def test_collapse_accepts_correct_answers(fn, capsys):
+    check_collapse(fn)
     out = capsys.readouterr().out
-    assert "predictions are right" in out and "V_star_rank: 5" in out and "out_rank: 3" in out
+    assert "collapse is correct on all 6" in out and "differ by" in out
 
 
-@pytest.mark.parametrize("rank, match", [(3.0, r"out_rank should be a whole number.*int\(\.\.\.\)"),
-                                         (torch.tensor(3), r"out_rank should be.*\.item\(\)"),
-                                         (True, r"out_rank should be a whole number")])
-def test_collapse_prediction_refuses_ranks_that_are_not_ints(rank, match):
-    with pytest.raises(CheckFailure, match=match):
-        check_collapse_prediction(lambda: {**RIGHT, "out_rank": rank})
+def _wrong_collapse(alpha_left=False, v_left=False, bias="right"):
+    def fn(alphas, Vs, cs):
+        alpha_star, V_star, c_star = alphas[0], Vs[0], cs[0]
+        if bias == "own":
+            c_star = Vs[0] @ cs[0]
+        for alpha, V, c in zip(alphas[1:], Vs[1:], cs[1:], strict=True):
+            alpha_star = alpha_star @ alpha if alpha_left else alpha @ alpha_star
+            V_star = V_star @ V if v_left else V @ V_star
+            if bias == "right":
+                c_star = V @ c_star + c
+            elif bias == "sum":
+                c_star = c_star + c
+            elif bias == "last":
+                c_star = c
+            else:  # "own"
+                c_star = V @ c_star + V @ c
+        return alpha_star, V_star, c_star
+    return fn
 
 
-COLLAPSE_WRONG = {
-    "narrow shape": ({**RIGHT, "V_star_shape": (5, 5)}, "is not it"),
-    "other shape": ({**RIGHT, "V_star_shape": (16, 8)}, "is not it"),
-    "full rank": ({**RIGHT, "V_star_rank": 16}, "at most the smallest"),
-    "first squeeze only": ({**RIGHT, "V_star_rank": 8}, "narrowest factor decides"),
-    "other rank": ({**RIGHT, "V_star_rank": 3}, "fewest numbers"),
-    "out rank = rank V*": ({**RIGHT, "out_rank": 5}, "only T = 3 rows"),
-    "out rank = D": ({**RIGHT, "out_rank": 16}, "column space of V\\*"),
-    "out rank = 8": ({**RIGHT, "out_rank": 8}, "neither bound"),
-    "out rank other": ({**RIGHT, "out_rank": 1}, "Two things bound"),
-    "missing key": ({"V_star_shape": (16, 16), "V_star_rank": 5}, "lacks the key"),
-    "not a dict": ((16, 16, 5, 3), "should return a dict"),
-    "rank as text": ({**RIGHT, "V_star_rank": "5"}, "whole number"),
-    "shape as int": ({**RIGHT, "V_star_shape": 16}, "tuple of two ints"),
+def _bias_per_row(alphas, Vs, cs):
+    alpha_star, V_star, c_star = collapse_loop(alphas, Vs, cs)
+    return alpha_star, V_star, c_star.expand(alphas[0].shape[0], -1)
+
+
+WRONG_COLLAPSE = {
+    "alphas reversed": (_wrong_collapse(alpha_left=True), "alpha_star: your product is in the wrong"),
+    "Vs reversed": (_wrong_collapse(v_left=True), "V_star: your product is in the wrong order"),
+    "biases summed": (_wrong_collapse(bias="sum"), "added the biases as they are"),
+    "last bias only": (_wrong_collapse(bias="last"), "kept only the last layer's bias"),
+    "bias through its own V": (_wrong_collapse(bias="own"), "through its own value matrix"),
+    "bias per row": (_bias_per_row, "one row per token, and its rows are all the right bias"),
+    "two items": (lambda a, V, c: collapse_loop(a, V, c)[:2], "should return the three tensors"),
+    "one tensor": (lambda a, V, c: collapse_loop(a, V, c)[1], "should return the three tensors"),
+    "c* = 0": (lambda a, V, c: (*collapse_loop(a, V, c)[:2], torch.zeros(V[-1].shape[0])),
+               "c_star has the right shape but wrong values"),
 }
 
 
-@pytest.mark.parametrize("name", list(COLLAPSE_WRONG))
-def test_collapse_prediction_rejects_mistakes(name):
-    answer, match = COLLAPSE_WRONG[name]
+@pytest.mark.parametrize("name", list(WRONG_COLLAPSE))
+def test_collapse_rejects_mistakes(name):
+    fn, match = WRONG_COLLAPSE[name]
     with pytest.raises(CheckFailure, match=match):
-        check_collapse_prediction(lambda: answer)
+        check_collapse(fn)
 
 
-def test_collapse_prediction_stub_propagates():
+def test_collapse_stub_propagates():
     with pytest.raises(NotImplementedError):
-        check_collapse_prediction(stub)
+        check_collapse(stub)
+
+
+def test_collapse_check_leaves_the_global_random_state_alone(capsys):
+    torch.manual_seed(3)
+    before = torch.random.get_rng_state()
+    check_collapse(collapse_loop)
+    assert torch.equal(before, torch.random.get_rng_state())
 
 
 # ------------------------------------------------------------------ 4.2 experiment

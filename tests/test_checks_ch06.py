@@ -652,7 +652,7 @@ def test_the_new_checks_leave_the_learners_random_stream_alone():
     check_fixed_attention(FixedWithSdpa)
     with pytest.raises(CheckFailure):
         check_fixed_attention(SuspectAttention)  # the diagnosis runs the instruments too
-    check_scale_predictions(lambda: (0.25, 4.0))
+    check_scale_predictions(lambda: (1 / 9, 2))
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -843,36 +843,42 @@ def test_heads_apart_holds_for_a_correct_layer_and_fails_for_the_suspect():
 # ------------------------------------------------------------ 6.2 predictions (predict, verify)
 
 
-@pytest.mark.parametrize("answer", [(0.25, 4.0), (16 / 64, math.sqrt(16)), [0.25, 4.0],
-                                    (np.float32(0.25), np.float64(4)), (0.26, 4.1),
-                                    (0.25, 4), (0.25, np.int64(4)), (Fraction(1, 4), 4)],
+@pytest.mark.parametrize("answer", [(1 / 9, 2.0), (36 * (1 / 3) ** 2 / 36, math.sqrt(4)),
+                                    [0.111, 2.0], (np.float32(1 / 9), np.float64(2)),
+                                    (0.11, 2.01), (1 / 9, 2), (1 / 9, np.int64(2)),
+                                    (Fraction(1, 9), 2)],
                          ids=["floats", "computed", "a list", "numpy floats", "rounded",
                               "an int divisor", "a numpy int divisor", "a fraction and an int"])
 def test_scale_predictions_accepts_the_right_numbers(answer, capsys):
     check_scale_predictions(lambda: answer)
     out = capsys.readouterr().out
-    assert "predictions hold" in out and "score variance 0.25 with divisor 8" in out
+    assert "predictions hold" in out and "score variance 0.11" in out
+    assert "1.00 with divisor 2" in out or "0.99 with divisor 2" in out
 
 
 WRONG_PREDICTIONS = {
-    "variance still 1": ((1.0, 4.0), "still makes the variance 1"),
-    "variance divided by 8": ((2.0, 4.0), "divided the variance by 8"),
-    "the standard deviation": ((0.5, 4.0), "standard deviation"),
-    "the lecture's 1/16": ((1 / 16, 4.0), "lecture's number"),
-    "before the division": ((16.0, 4.0), "before the division"),
-    "old divisor kept": ((0.25, 8.0), "old divisor"),
-    "divide by Dh": ((0.25, 16.0), "Dh itself"),
-    "divide by sqrt(d_model)": ((0.25, math.sqrt(512)), r"sqrt\(d_model\)"),
-    "a number from nowhere": ((3.0, 4.0), "does not match the setting"),
-    "a divisor from nowhere": ((0.25, 7.0), "does not match the setting"),
-    "one number": (0.25, "two numbers"),
+    "the lecture's 1": ((1.0, 2.0), "lecture's answer"),
+    "one entry's 1/3": ((1 / 3, 2.0), "one entry of q"),
+    "before the division": ((4.0, 2.0), "before the layer divides"),
+    "uniform a^2/12": ((1 / 144, 2.0), r"a\^2 / 3"),
+    "summed over D": ((16 / 9, 2.0), "all 576 features"),
+    "divided too soon": ((1 / 324, 2.0), r"first\s+sums 36"),
+    "sqrt(Dh) kept": ((1 / 9, 6.0), "layer's divisor"),
+    "the factor": ((1 / 9, 1 / 3), "the divisor itself"),
+    "the variance as divisor": ((1 / 9, 4.0), "standard deviation"),
+    "sqrt(d_model)": ((1 / 9, 24.0), "width d_model"),
+    "Dh / 3": ((1 / 9, 12.0), "Dh / 3"),
+    "no divisor": ((1 / 9, 1), "Without a divisor"),
+    "a number from nowhere": ((3.0, 2.0), "does not match the setting"),
+    "a divisor from nowhere": ((1 / 9, 7.0), "does not match the setting"),
+    "one number": (1 / 9, "two numbers"),
     "nothing": (None, "two numbers"),
-    "three numbers": ((0.25, 4.0, 1.0), "two numbers"),
-    "a str divisor": ((0.25, "4"), r"the divisor should be a number.*an int or a float"),
-    "0-d tensors": ((torch.tensor(0.25), torch.tensor(4.0)),
+    "three numbers": ((1 / 9, 2.0, 1.0), "two numbers"),
+    "a str divisor": ((1 / 9, "2"), r"the divisor should be a number.*an int or a float"),
+    "0-d tensors": ((torch.tensor(1 / 9), torch.tensor(2.0)),
                     r"the predicted variance should be.*\.item\(\)"),
-    "a bool": ((True, 4.0), "should be a number"),
-    "an int variance that is wrong": ((1, 4), "still makes the variance 1"),
+    "a bool": ((True, 2.0), "should be a number"),
+    "an int variance that is wrong": ((1, 2), "lecture's answer"),
 }
 
 
@@ -883,11 +889,21 @@ def test_scale_predictions_rejects_wrong_numbers(name):
         check_scale_predictions(lambda: answer)
 
 
-def test_the_measurement_agrees_with_the_prediction():
-    var_8, entropy_8 = measured_score_stats(8.0)
-    var_4, entropy_4 = measured_score_stats(4.0)
-    assert abs(var_8 - 0.25) < 0.02 and abs(var_4 - 1.0) < 0.05
-    assert entropy_4 < entropy_8 < math.log(64)
+@pytest.mark.parametrize("seed", [62, 0, 1])
+def test_the_measurement_agrees_with_the_prediction(seed):
+    var_6, entropy_6 = measured_score_stats(6.0, seed=seed)
+    var_2, entropy_2 = measured_score_stats(2.0, seed=seed)
+    assert abs(var_6 - 1 / 9) < 0.01 and abs(var_2 - 1.0) < 0.06
+    assert entropy_2 < entropy_6 < math.log(64)
+
+
+def test_the_measurement_builds_the_layer_it_describes():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        layer = MultiHeadAttention(576, 16)
+    bound, weight = 1 / math.sqrt(576), layer.qkv_proj.weight.detach()
+    assert layer.d_head == 36 and float(weight.abs().max()) <= bound
+    assert abs(float(weight.var()) - bound ** 2 / 3) < 1e-5
 
 
 def test_fixed_attention_that_cannot_be_built_is_named():

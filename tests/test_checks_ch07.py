@@ -19,7 +19,7 @@ from torch import nn
 from course_lib import EncoderBlock, FeedForward, MultiHeadAttention, layer_norm, rms_norm
 from course_lib.course.checks import CheckFailure, ch07
 from course_lib.course.checks.ch07 import (
-    check_dropout,
+    check_drop_path,
     check_layer_grad_norms,
     check_layer_norm,
     check_layer_norm_prediction,
@@ -34,7 +34,7 @@ from course_lib.course.checks.ch07 import (
 from course_lib.instruments.probes import layer_grad_norms as library_layer_grad_norms
 
 ALL_CHECKS = [check_layer_norm_prediction, check_layer_norm, check_rms_norm, check_residual_stack, check_layer_grad_norms,
-              check_dropout, check_pre_norm_block, check_scaled_init, check_lr_at,
+              check_drop_path, check_pre_norm_block, check_scaled_init, check_lr_at,
               check_warmup_sweep]
 
 
@@ -586,156 +586,149 @@ def test_layer_grad_norms_rejects_wrong_answers(name):
         check_layer_grad_norms(fn)
 
 
-# ------------------------------------------------------------------------------ 7.5 dropout
+# ------------------------------------------------------------------------------ 7.5 drop path
 
 
-def dropout_rand(x, p, training):
+def drop_path_rand(x, p, training):
     if not training:
         return x
-    keep = torch.rand_like(x) >= p
+    keep = torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), device=x.device) >= p
     return x * keep / (1 - p)
 
 
-def dropout_bernoulli(x, p, training):
+def drop_path_bernoulli(x, p, training):
     if not training or p == 0:
         return x.clone()
-    mask = torch.bernoulli(torch.full_like(x, 1 - p))
-    return torch.where(mask.bool(), x / (1 - p), torch.zeros_like(x))
+    keep = torch.bernoulli(torch.full((x.shape[0],), 1 - p))  # (B,): one coin per example
+    return torch.where(keep.view(-1, *[1] * (x.dim() - 1)).bool(), x / (1 - p),
+                       torch.zeros_like(x))
 
 
-def dropout_torch(x, p, training):
-    return F.dropout(x, p, training=training)
+def drop_path_loop(x, p, training):
+    """Example by example, with Python's comparison of one draw."""
+    if not training:
+        return x
+    out = torch.zeros_like(x)
+    for b in range(x.shape[0]):
+        if torch.rand(()).item() >= p:
+            out[b] = x[b] / (1 - p)
+    return out
 
 
-def dropout_less_than(x, p, training):
-    if training:
-        return x * (torch.rand(x.shape) < 1 - p).float() / (1 - p)
-    return x
+def drop_path_expand(x, p, training):
+    """One coin per example, expanded to x's shape, then the library's own scaling rule."""
+    if not training:
+        return x
+    coins = torch.rand(x.shape[0]).reshape(-1, *[1] * (x.dim() - 1)).expand_as(x)
+    return torch.where(coins < 1 - p, x / (1 - p), 0.0)
 
 
-@pytest.mark.parametrize("fn", [dropout_rand, dropout_bernoulli, dropout_torch,
-                                dropout_less_than])
-def test_dropout_accepts_correct_answers(fn, capsys):
-    check_dropout(fn)
-    assert "dropout is correct on all 8 test cases" in capsys.readouterr().out
+@pytest.mark.parametrize("fn", [drop_path_rand, drop_path_bernoulli, drop_path_loop,
+                                drop_path_expand])
+def test_drop_path_accepts_correct_answers(fn, capsys):
+    check_drop_path(fn)
+    out = capsys.readouterr().out
+    assert "drop_path is correct on all 9 test cases" in out and "skipped" in out
 
 
-def test_dropout_check_leaves_the_learners_random_stream_alone():
+def test_drop_path_check_leaves_the_learners_random_stream_alone():
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    check_dropout(dropout_rand)
+    check_drop_path(drop_path_rand)
     torch.testing.assert_close(torch.rand(3), expected)
 
 
-def _fixed_count(x, p):
-    """Drops exactly round(p * n) elements, chosen at random: right on average, but not
-    independent per element (the count never varies)."""
-    n = x.numel()
-    drop = torch.zeros(n, dtype=torch.bool)
-    drop[torch.randperm(n)[:round(p * n)]] = True
-    return x * ~drop.view(x.shape) / (1 - p)
-
-
-def _fixed_count_per_row(x, p):
-    """Drops exactly round(p * D) elements in every row."""
-    rows = x.reshape(-1, x.shape[-1])
-    k = round(p * rows.shape[-1])
-    drop = torch.rand(rows.shape).argsort(-1) < k  # k random positions per row
-    return (rows * ~drop / (1 - p)).view(x.shape)
-
-
-def _train_only(wrong):
+def _coins(shape_of, keep_if=lambda u, p: u >= p, scale=lambda p: 1 / (1 - p)):
     def fn(x, p, training):
-        return wrong(x, p) if training else x
+        if not training:
+            return x
+        return x * keep_if(torch.rand(shape_of(x)), p) * scale(p)
     return fn
 
 
-WRONG_DROPOUT = {
-    "drops in eval": (lambda x, p, training: F.dropout(x, p), "still drops values"),
-    "classic functional bug, fixed p": (lambda x, p, training: F.dropout(x, 0.5),
-                                        "still drops values"),
-    "old-style scaling in eval": (lambda x, p, training: dropout_rand(x, p, True) * (1 - p)
-                                  if training else x * (1 - p), "non-inverted"),
-    "no 1/(1-p)": (_train_only(lambda x, p: x * (torch.rand_like(x) >= p)),
-                   "values you keep are unchanged"),
-    "times (1-p)": (_train_only(lambda x, p: x * (torch.rand_like(x) >= p) * (1 - p)),
-                    "multiplied the kept values by"),
-    "divided by p": (_train_only(lambda x, p: x * (torch.rand_like(x) >= p) / p
-                                 if p > 0 else x), "divided the kept values by p"),
-    "keeps with probability p": (_train_only(lambda x, p: x * (torch.rand_like(x) < p) / (1 - p)),
-                                 "probability of DROPPING"),
-    "whole rows": (_train_only(lambda x, p: x * (torch.rand(*x.shape[:-1], 1) >= p) / (1 - p)
-                               if x.dim() > 1 else dropout_rand(x, p, True)), "whole rows"),
-    "same mask every call": (
-        _train_only(lambda x, p: x * (torch.rand(x.shape, generator=torch.Generator()
-                                                 .manual_seed(0)) >= p) / (1 - p)),
-        "exactly the same elements"),
-    "training ignored": (lambda x, p, training: x, "values you keep are unchanged"),
-    "training inverted": (lambda x, p, training: dropout_rand(x, p, not training),
-                          "still drops values"),
-    "drops a fixed fraction": (_train_only(lambda x, p: x * (torch.rand_like(x) >= 0.5) / 0.5),
-                               r"should be x / \(1 - p\)"),
-    "wrong shape": (lambda x, p, training: x.flatten(), "x's shape"),
-    "p = 0 breaks": (lambda x, p, training: dropout_rand(x, p, training) if p > 0 else x * 0,
+def _seeded(x, p, training):
+    torch.manual_seed(0)
+    return drop_path_rand(x, p, training)
+
+
+WRONG_DROP_PATH = {
+    "per element (dropout)": (lambda x, p, t: F.dropout(x, p, training=t), "single values"),
+    "per position": (_coins(lambda x: x.shape[:2] + (1,) * (x.dim() - 2)), "whole positions"),
+    "per feature": (_coins(lambda x: (1,) + x.shape[1:]), "same features"),
+    "one coin for the batch": (_coins(lambda x: (1,) * x.dim()), "one coin for the whole batch"),
+    "a fixed 3-D mask": (_coins(lambda x: (x.shape[0], 1, 1)),
+                         "size 1 on every other axis"),
+    "no scaling": (_coins(lambda x: (x.shape[0],) + (1,) * (x.dim() - 1), scale=lambda p: 1),
+                   "branches you keep are unchanged"),
+    "times (1 - p)": (_coins(lambda x: (x.shape[0],) + (1,) * (x.dim() - 1),
+                             scale=lambda p: 1 - p), "multiplied the kept branches"),
+    "p kept, not dropped": (_coins(lambda x: (x.shape[0],) + (1,) * (x.dim() - 1),
+                                   keep_if=lambda u, p: u < p),
+                            "probability of DROPPING a branch"),
+    "the same coins every call": (_seeded, r"draw new\s+coins at every call"),
+    "drops in eval mode": (lambda x, p, t: drop_path_rand(x, p, True), "still drops values"),
+    "old-style scaling in eval": (lambda x, p, t: drop_path_rand(x, p, True) * (1 - p)
+                                  if t else x * (1 - p), "non-inverted"),
+    "p = 0 breaks": (lambda x, p, t: drop_path_rand(x, p, t) if p > 0 else x * 0,
                      "With p = 0 nothing is dropped"),
-    "exactly round(p n) elements": (_train_only(lambda x, p: _fixed_count(x, p)),
-                                    r"exactly round\(p \* n\)"),
-    "exactly round(p D) per row": (_train_only(lambda x, p: _fixed_count_per_row(x, p)),
-                                   r"dropped 32 of 64 values at every one of 200 calls"),
+    "a list": (lambda x, p, t: drop_path_rand(x, p, t).tolist(), "should return a tensor"),
 }
 
 
-@pytest.mark.parametrize("name", list(WRONG_DROPOUT))
-def test_dropout_rejects_wrong_answers(name):
-    fn, message = WRONG_DROPOUT[name]
+@pytest.mark.parametrize("name", list(WRONG_DROP_PATH))
+def test_drop_path_rejects_wrong_answers(name):
+    fn, message = WRONG_DROP_PATH[name]
     with pytest.raises(CheckFailure, match=message):
-        check_dropout(fn)
+        check_drop_path(fn)
 
 
-def test_dropout_check_catches_in_place_changes():
+def test_drop_path_check_catches_in_place_changes():
     def in_place(x, p, training):
         if training:
-            x.mul_((torch.rand_like(x) >= p) / (1 - p))
+            x.mul_(1.0)
+            x[0] = 0.0
         return x
 
-    with pytest.raises(CheckFailure, match="changed its input 'x' in place"):
-        check_dropout(in_place)
+    with pytest.raises(CheckFailure, match="in place"):
+        check_drop_path(in_place)
 
 
 # ------------------------------------------------------------------ 7.3 pre-norm block, find the bug
 
 
 class BuggyPreNormBlock(nn.Module):
-    """The exercise's block: pre-norm meant, but its second step is post-norm."""
+    """The exercise's block: pre-norm with dropout, but its first dropout acts on the stream."""
 
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model, n_heads, dropout=0.1):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.attn_norm = nn.LayerNorm(d_model)
-        self.ff = FeedForward(d_model)
+        self.ff = FeedForward(d_model, dropout=dropout)
         self.ff_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
         a, _ = self.self_attn(self.attn_norm(x))
-        x = x + a
-        return self.ff_norm(x + self.ff(x))
+        x = self.dropout(x + a)
+        return x + self.dropout(self.ff(self.ff_norm(x)))
 
 
 class FixedBlock(BuggyPreNormBlock):
     def forward(self, x):
         a, _ = self.self_attn(self.attn_norm(x))
-        x = x + a
-        return x + self.ff(self.ff_norm(x))
+        x = x + self.dropout(a)
+        return x + self.dropout(self.ff(self.ff_norm(x)))
 
 
 class LoopBlock(BuggyPreNormBlock):
-    """Another correct formulation: one loop over (norm, sublayer) pairs."""
+    """Another correct formulation: one loop over (norm, sublayer) pairs, functional dropout
+    that follows the module's mode."""
 
     def forward(self, x):
         for norm, f in ((self.attn_norm, lambda h: self.self_attn(h)[0]),
                         (self.ff_norm, self.ff)):
-            x = x + f(norm(x))
+            x = x + F.dropout(f(norm(x)), self.dropout.p, training=self.training)
         return x
 
 
@@ -743,53 +736,78 @@ class TupleBlock(BuggyPreNormBlock):
     """Returns (output, weights) as EncoderBlock does."""
 
     def forward(self, x):
-        a, weights = self.self_attn(self.attn_norm(x), return_weights=True)
-        x = x + a
-        return x + self.ff(self.ff_norm(x)), weights
+        a, weights = self.self_attn(self.attn_norm(x), return_weights=self.training)
+        x = x + self.dropout(a)
+        return x + self.dropout(self.ff(self.ff_norm(x))), weights
 
 
 @pytest.mark.parametrize("cls", [FixedBlock, LoopBlock, TupleBlock])
 def test_pre_norm_block_accepts_correct_fixes(cls, capsys):
     check_pre_norm_block(cls)
-    assert "equals course_lib's pre-norm EncoderBlock" in capsys.readouterr().out
+    assert "equals course_lib's pre-norm EncoderBlock(dropout=p)" in capsys.readouterr().out
+
+
+def test_the_buggy_block_agrees_with_the_reference_in_eval_mode():
+    torch.manual_seed(0)
+    ref = EncoderBlock(16, 2, dropout=0.3).eval()
+    buggy = BuggyPreNormBlock(16, 2, 0.3).eval()
+    buggy.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(buggy(x), ref(x)[0])
+
+
+class BothStreams(BuggyPreNormBlock):
+    def forward(self, x):
+        a, _ = self.self_attn(self.attn_norm(x))
+        x = self.dropout(x + a)
+        return self.dropout(x + self.ff(self.ff_norm(x)))
+
+
+class NoDropout(BuggyPreNormBlock):
+    def forward(self, x):
+        x = x + self.self_attn(self.attn_norm(x))[0]
+        return x + self.ff(self.ff_norm(x))
+
+
+class InputsDropped(BuggyPreNormBlock):
+    def forward(self, x):
+        x = x + self.self_attn(self.dropout(self.attn_norm(x)))[0]
+        return x + self.ff(self.dropout(self.ff_norm(x)))
+
+
+class OneDropout(BuggyPreNormBlock):
+    def forward(self, x):
+        x = x + self.dropout(self.self_attn(self.attn_norm(x))[0])
+        return x + self.ff(self.ff_norm(x))
+
+
+class AlwaysDropping(BuggyPreNormBlock):
+    """The classic functional bug: F.dropout's training argument defaults to True."""
+
+    def forward(self, x):
+        x = x + F.dropout(self.self_attn(self.attn_norm(x))[0], self.dropout.p)
+        return x + F.dropout(self.ff(self.ff_norm(x)), self.dropout.p)
 
 
 class PostNormBlock(BuggyPreNormBlock):
     def forward(self, x):
-        x = self.attn_norm(x + self.self_attn(x)[0])
-        return self.ff_norm(x + self.ff(x))
+        x = self.attn_norm(x + self.dropout(self.self_attn(x)[0]))
+        return self.ff_norm(x + self.dropout(self.ff(x)))
 
 
-class OutputNormalised(BuggyPreNormBlock):
-    def forward(self, x):
-        x = x + self.self_attn(self.attn_norm(x))[0]
-        return self.ff_norm(x + self.ff(self.ff_norm(x)))
-
-
-class NoResidual(BuggyPreNormBlock):
-    def forward(self, x):
-        x = x + self.self_attn(self.attn_norm(x))[0]
-        return self.ff(self.ff_norm(x))
-
-
-class NormalisedResidual(BuggyPreNormBlock):
-    def forward(self, x):
-        x = x + self.self_attn(self.attn_norm(x))[0]
-        return self.ff_norm(x) + self.ff(self.ff_norm(x))
-
-
-class SwappedNorms(BuggyPreNormBlock):
-    """Each sublayer reads the other's norm: no known fingerprint, only the instrument."""
+class SwappedDropouts(BuggyPreNormBlock):
+    """Dropout on the sublayers' inputs AND outputs: no known fingerprint, only the instrument."""
 
     def forward(self, x):
-        x = x + self.self_attn(self.ff_norm(x))[0]
-        return x + self.ff(self.attn_norm(x))
+        x = x + self.dropout(self.self_attn(self.attn_norm(self.dropout(x)))[0])
+        return x + self.dropout(self.ff(self.ff_norm(x)))
 
 
 class RenamedBlock(nn.Module):
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model, n_heads, dropout=0.1):
         super().__init__()
-        self.block = EncoderBlock(d_model, n_heads)
+        self.block = EncoderBlock(d_model, n_heads, dropout=dropout)
 
     def forward(self, x):
         return self.block(x)[0]
@@ -797,11 +815,14 @@ class RenamedBlock(nn.Module):
 
 WRONG_BLOCKS = {
     "unchanged": (BuggyPreNormBlock, "still computes what the buggy block computes"),
-    "post-norm": (PostNormBlock, "post-norm in BOTH steps"),
-    "output normalised": (OutputNormalised, "normalises its output"),
-    "no residual": (NoResidual, "lost its residual connection"),
-    "normalised residual": (NormalisedResidual, "adds the NORMALISED stream"),
-    "swapped norms": (SwappedNorms, "(?s)wrong values.*first_divergence.*first divergence"),
+    "both streams dropped": (BothStreams, "drops values of the stream itself"),
+    "no dropout": (NoDropout, "no dropout on its residual branches"),
+    "inputs dropped": (InputsDropped, "drops the sublayers' INPUTS"),
+    "one dropout": (OneDropout, "Only your attention step"),
+    "dropping in eval mode": (AlwaysDropping, "F.dropout's training"),
+    "post-norm": (PostNormBlock, "(?s)In eval mode, where no dropout acts.*first divergence"),
+    "both places": (SwappedDropouts, "(?s)training mode \\(seed 0\\) has the right shape but "
+                                     "wrong values.*Instrument"),
     "renamed parameters": (RenamedBlock, "Keep its __init__"),
 }
 
@@ -813,10 +834,10 @@ def test_pre_norm_block_rejects_wrong_fixes(name):
         check_pre_norm_block(cls)
 
 
-@pytest.mark.parametrize("cls", [BuggyPreNormBlock, PostNormBlock, SwappedNorms])
+@pytest.mark.parametrize("cls", [BuggyPreNormBlock, NoDropout, SwappedDropouts])
 def test_pre_norm_block_failures_name_the_instrument(cls):
     with pytest.raises(CheckFailure, match="(?s)Instrument: equality with the reference.*"
-                                           "first_divergence"):
+                                           "same seed"):
         check_pre_norm_block(cls)
 
 
@@ -1222,7 +1243,7 @@ def test_check_warmup_stops_at_an_unsolved_or_wrong_schedule():
 
 def test_pre_norm_block_that_cannot_be_built_names_the_fix():
     class Broken(nn.Module):
-        def __init__(self, d_model, n_heads):
+        def __init__(self, d_model, n_heads, dropout=0.1):
             raise ValueError("boom")
 
     with pytest.raises(CheckFailure, match="(?s)raised ValueError.*keep the buggy block's __init__"):

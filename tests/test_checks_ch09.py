@@ -27,6 +27,7 @@ from course_lib.course.checks.ch09 import (
     check_next_token_loss,
     check_next_token_probs,
     gpt_name,
+    measure_generation_cache,
 )
 from course_lib.generation import next_token_probs
 
@@ -35,42 +36,47 @@ from course_lib.generation import next_token_probs
                                    check_greedy_decode, check_alignment_score,
                                    check_attend_with_cache, check_kv_cache_bytes])
 def test_an_unsolved_stub_fails_as_itself(check):
+    stubs = (stub, stub) if check is check_alignment_score else (stub,)
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
-        check(stub)
+        check(*stubs)
 
 
 # --------------------------------------------------------------------- 9.1 next_token_loss
 
 
-def loss_flatten(logits, ids):
+def loss_ignore_index(logits, ids, pad_id):
     vocab = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+    targets = ids[:, 1:].reshape(-1)
+    targets = targets.masked_fill(targets == pad_id, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), targets)  # -100 is the default
 
 
-def loss_transpose(logits, ids):
-    return F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:])  # (B, V, T-1)
+def loss_selected(logits, ids, pad_id):
+    keep = ids[:, 1:] != pad_id  # (B, T-1)
+    return F.cross_entropy(logits[:, :-1][keep], ids[:, 1:][keep])  # (N, V) and (N,)
 
 
-def loss_by_hand(logits, ids):
-    log_probs = torch.log_softmax(logits[:, :-1], dim=-1)  # (B, T-1, V)
-    picked = log_probs.gather(-1, ids[:, 1:, None])[..., 0]  # (B, T-1)
-    return -picked.mean()
+def loss_masked_mean(logits, ids, pad_id):
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    keep = (ids[:, 1:] != pad_id).float()
+    return (losses * keep).sum() / keep.sum()
 
 
-def loss_loop(logits, ids):
+def loss_loop(logits, ids, pad_id):
     total, count = 0.0, 0
     for b in range(ids.shape[0]):
         for t in range(ids.shape[1] - 1):
-            total = total - torch.log_softmax(logits[b, t], -1)[ids[b, t + 1]]
-            count += 1
+            if ids[b, t + 1] != pad_id:
+                total = total - torch.log_softmax(logits[b, t], -1)[ids[b, t + 1]]
+                count += 1
     return total / count
 
 
-def loss_float(logits, ids):
-    return loss_flatten(logits, ids).item()
+def loss_float(logits, ids, pad_id):
+    return loss_selected(logits, ids, pad_id).item()
 
 
-@pytest.mark.parametrize("fn", [loss_flatten, loss_transpose, loss_by_hand, loss_loop,
+@pytest.mark.parametrize("fn", [loss_ignore_index, loss_selected, loss_masked_mean, loss_loop,
                                 loss_float])
 def test_next_token_loss_accepts_correct_answers(fn, capsys):
     check_next_token_loss(fn)
@@ -81,23 +87,42 @@ def _flat(logits, ids, **kw):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), **kw)
 
 
+def _real(ids, pad_id):
+    return ids.masked_fill(ids == pad_id, -100)
+
+
+def _kept_losses(lg, ids, keep):
+    return F.cross_entropy(lg.transpose(1, 2), ids, reduction="none") * keep
+
+
 WRONG_LOSS = {
-    "not shifted": (lambda lg, ids: _flat(lg, ids), "own input token"),
-    "shifted backwards": (lambda lg, ids: _flat(lg[:, 1:], ids[:, :-1]), "the wrong way"),
-    "rolled": (lambda lg, ids: _flat(lg, torch.roll(ids, -1, 1)), "wraps around"),
-    "sum": (lambda lg, ids: _flat(lg[:, :-1], ids[:, 1:], reduction="sum"), "sum over all"),
-    "batch mean of sums": (lambda lg, ids: _flat(lg[:, :-1], ids[:, 1:], reduction="sum")
-                           / lg.shape[0], "averaged over the batch only"),
-    "softmax first": (lambda lg, ids: _flat(torch.softmax(lg[:, :-1], -1), ids[:, 1:]),
+    "not shifted": (lambda lg, ids, p: _flat(lg, _real(ids, p)), "own input token"),
+    "shifted backwards": (lambda lg, ids, p: _flat(lg[:, 1:], _real(ids[:, :-1], p)),
+                          "the wrong way"),
+    "rolled": (lambda lg, ids, p: _flat(lg, _real(torch.roll(ids, -1, 1), p)),
+               "wraps around"),
+    "padding scored": (lambda lg, ids, p: _flat(lg[:, :-1], ids[:, 1:]),
+                       "target is padding"),
+    "input mask": (lambda lg, ids, p: _kept_losses(lg[:, :-1], ids[:, 1:], ids[:, :-1] != p)
+                   .sum() / (ids[:, :-1] != p).sum(), "INPUT is a real token"),
+    "divided by every position": (lambda lg, ids, p: _kept_losses(
+        lg[:, :-1], ids[:, 1:], ids[:, 1:] != p).mean(), "divided by every position"),
+    "mean of sequence means": (lambda lg, ids, p: torch.stack([
+        loss_masked_mean(lg[b:b + 1], ids[b:b + 1], p) for b in range(len(ids))]).mean(),
+        "averaged each sequence"),
+    "sum": (lambda lg, ids, p: _flat(lg[:, :-1], _real(ids[:, 1:], p), reduction="sum"),
+            "sum over the scored"),
+    "batch mean of sums": (lambda lg, ids, p: _flat(lg[:, :-1], _real(ids[:, 1:], p),
+                                                    reduction="sum") / lg.shape[0],
+                           "averaged over the batch only"),
+    "softmax first": (lambda lg, ids, p: _flat(torch.softmax(lg[:, :-1], -1),
+                                               _real(ids[:, 1:], p)),
                       "applies log-softmax itself"),
-    "nll on probabilities": (lambda lg, ids: F.nll_loss(
-        torch.softmax(lg[:, :-1], -1).reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1)),
-        "expects log-probabilities"),
-    "3-D cross_entropy": (lambda lg, ids: F.cross_entropy(lg[:, :-1], ids[:, 1:]),
+    "3-D cross_entropy": (lambda lg, ids, p: F.cross_entropy(lg[:, :-1], _real(ids[:, 1:], p)),
                           "raised"),
-    "per-position losses": (lambda lg, ids: _flat(lg[:, :-1], ids[:, 1:], reduction="none"),
+    "per-position losses": (lambda lg, ids, p: _flat(lg[:, :-1], ids[:, 1:], reduction="none"),
                             "should have shape \\(\\)"),
-    "a list": (lambda lg, ids: [1.0], "should be a tensor"),
+    "a list": (lambda lg, ids, p: [1.0], "should be a tensor"),
 }
 
 
@@ -106,6 +131,19 @@ def test_next_token_loss_rejects_wrong_answers(name):
     fn, message = WRONG_LOSS[name]
     with pytest.raises(CheckFailure, match=message):
         check_next_token_loss(fn)
+
+
+def test_a_sequence_without_a_scored_position_is_named():
+    from course_lib.course.checks.ch09 import ONE_TOKEN, _loss_cases
+    case = next(c for c in _loss_cases() if c.name == ONE_TOKEN)
+
+    def nan_on_that_case(lg, ids, p):
+        if lg.shape == case.args[0].shape and torch.equal(ids, case.args[1]):
+            return torch.tensor(float("nan"))
+        return loss_selected(lg, ids, p)
+
+    with pytest.raises(CheckFailure, match="divides 0 by 0"):
+        check_next_token_loss(nan_on_that_case)
 
 
 # --------------------------------------------------------------------- 9.2 next_token_probs
@@ -444,23 +482,47 @@ def score_numpy(weights, alignment):
     return np.float32((peaks == gold)[scored].mean())  # a numpy floating
 
 
+def batch_one_hot():
+    alignment = torch.tensor([[0, 1, -100, -100], [0, 1, 2, 3]])  # 2 and 4 scored words
+    peaks = torch.tensor([[0, 1, 0, 0], [0, 0, 0, 0]])  # right on the short one: 2 + 1 hits
+    return F.one_hot(peaks, 4).float(), alignment
+
+
+def batch_softmax():
+    weights = torch.softmax(torch.randn(2, 5, 6, generator=torch.Generator().manual_seed(0)), -1)
+    alignment = weights.argmax(-1).clone()  # every position a hit ...
+    alignment[0, 2:] = -100  # ... a short sentence of 2
+    alignment[1, 1:] = (alignment[1, 1:] + 1) % 6  # ... a long one with 1 hit of 5
+    return weights, alignment
+
+
 def buggy_alignment_score(weights, alignment):  # the planted bug of the exercise
-    peaks = weights.argmax(dim=-1)
-    hits = (peaks == alignment).sum().item()
-    return hits / alignment.numel()
+    scored = alignment != -100
+    hits = (weights.argmax(dim=-1) == alignment) & scored
+    return (hits.sum(-1) / scored.sum(-1)).mean().item()
 
 
 @pytest.mark.parametrize("fn", [score_masks, score_loop, score_selected, score_numpy])
-def test_alignment_score_accepts_correct_answers(fn, capsys):
-    check_alignment_score(fn)
-    assert "alignment_score is correct" in capsys.readouterr().out
+@pytest.mark.parametrize("batch", [batch_one_hot, batch_softmax])
+def test_alignment_score_accepts_correct_answers(fn, batch, capsys):
+    check_alignment_score(fn, batch)
+    out = capsys.readouterr().out
+    assert "alignment_score is correct" in out and "the given function says" in out
 
 
 def _gold_weight(w, a):
     return w.gather(-1, a.clamp_min(0)[..., None])[..., 0]
 
 
+def _nan_mean(w, a):
+    scored = a != -100
+    shares = ((w.argmax(-1) == a) & scored).sum(-1) / scored.sum(-1)
+    return float(shares.nanmean())
+
+
 WRONG_SCORE = {
+    "the planted bug, not fixed": (buggy_alignment_score, "averages each sentence's share"),
+    "per-sentence shares, empty ones skipped": (_nan_mean, "averages each sentence's share"),
     "count": (lambda w, a: int(((w.argmax(-1) == a) & (a != -100)).sum()), "SHARE"),
     "all positions": (lambda w, a: float(((w.argmax(-1) == a) & (a != -100)).sum() / a.numel()),
                       "including the ones without"),
@@ -475,9 +537,8 @@ WRONG_SCORE = {
     "per-row scores": (lambda w, a: (w.argmax(-1) == a).float().mean(-1), "return a float"),
     "a 0-D tensor": (lambda w, a: torch.tensor(score_masks(w, a)), "return a float.*item"),
     "an int": (lambda w, a: int(score_masks(w, a) > 0.5), "return a float"),
-    "the planted bug, not fixed": (buggy_alignment_score, "including the ones without.*perfect"),
     "wrong without a known mistake": (lambda w, a: score_masks(w, a) * 0.9,
-                                      "course_lib.metrics.alignment_score gives.*perfect head"),
+                                      "course_lib.metrics.alignment_score gives.*short sentence"),
 }
 
 
@@ -485,7 +546,48 @@ WRONG_SCORE = {
 def test_alignment_score_rejects_wrong_answers(name):
     fn, message = WRONG_SCORE[name]
     with pytest.raises(CheckFailure, match=message):
-        check_alignment_score(fn)
+        check_alignment_score(fn, batch_one_hot)
+
+
+def test_nan_from_an_empty_sentence_is_named():
+    def nan_when_a_sentence_is_empty(w, a):
+        scored = a != -100
+        if scored.dim() == 2 and not bool(scored.any(-1).all()):
+            return float("nan")
+        return score_masks(w, a)
+
+    with pytest.raises(CheckFailure, match="divides 0 by 0"):
+        check_alignment_score(nan_when_a_sentence_is_empty, batch_one_hot)
+
+
+def _equal_lengths():  # every sentence has 2 scored words: both averages agree
+    alignment = torch.tensor([[0, 1, -100], [0, 1, -100]])
+    return F.one_hot(torch.tensor([[0, 1, 0], [0, 0, 0]]), 3).float(), alignment
+
+
+WRONG_BATCH = {
+    "equal lengths": (_equal_lengths, "agree"),
+    "one sentence": (lambda: (batch_one_hot()[0][1], batch_one_hot()[1][1]), "single sentence"),
+    "shapes differ": (lambda: (batch_one_hot()[0], batch_one_hot()[1][:, :3]), "same B and T"),
+    "float alignment": (lambda: (batch_one_hot()[0], batch_one_hot()[1].float()), "long tensor"),
+    "position outside the source": (lambda: (batch_one_hot()[0], batch_one_hot()[1] * 2),
+                                     "source positions 0 .. 3"),
+    "nothing scored": (lambda: (batch_one_hot()[0], torch.full((2, 4), -100)),
+                       "at least one scored"),
+    "one tensor": (lambda: batch_one_hot()[0], "two tensors"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_BATCH))
+def test_exposing_batch_rejects_batches_that_expose_nothing(name):
+    fn, message = WRONG_BATCH[name]
+    with pytest.raises(CheckFailure, match=message):
+        check_alignment_score(score_masks, fn)
+
+
+def test_an_unsolved_exposing_batch_fails_as_itself():
+    with pytest.raises(NotImplementedError, match="Exercise: write the body"):
+        check_alignment_score(score_masks, stub)
 
 
 # -------------------------------------------------------------------- 9.5 attend_with_cache
@@ -585,37 +687,55 @@ def test_checks_do_not_touch_the_learners_inputs():
 
 
 
-# ---------------------------------------------------------------- 9.6 predict cache bytes
+# ------------------------------------------------------------ 9.6 predict the cache's bytes
 
 
 def bytes_from_config():
     c = CACHE_CONFIG
-    return 2 * c.n_layers * c.d_model * 4  # keys and values, every layer, float32
+    positions = 12 + 8 - 1  # the last new token is never fed
+    return 2 * c.n_layers * c.d_model * 2 * 4 * positions  # keys and values, bfloat16, batch 4
 
 
 def bytes_per_head():
     c = CACHE_CONFIG
-    bytes_per_number = torch.finfo(torch.float32).bits // 8
-    return c.n_layers * 2 * c.n_heads * (c.d_model // c.n_heads) * bytes_per_number
+    bytes_per_number = torch.finfo(torch.bfloat16).bits // 8
+    per_layer = 2 * 4 * c.n_heads * (c.d_model // c.n_heads) * bytes_per_number  # (B, H, ., Dh)
+    return c.n_layers * per_layer * (12 + 7)
 
 
-@pytest.mark.parametrize("fn", [bytes_from_config, bytes_per_head, lambda: np.int64(2304)])
+@pytest.mark.parametrize("fn", [bytes_from_config, bytes_per_head, lambda: np.int64(87552)])
 def test_kv_cache_bytes_accepts_correct_answers(fn, capsys):
     check_kv_cache_bytes(fn)
     out = capsys.readouterr().out
-    assert "is right" in out and "measured: 2,304 bytes per token" in out
+    assert "is right" in out and "measured when generate returns: 87,552 bytes" in out
+    assert "19 positions" in out
 
 
+def test_the_measurement_is_the_cache_of_course_libs_generate():
+    total, positions = measure_generation_cache()
+    assert positions == 12 + 8 - 1
+    c = CACHE_CONFIG
+    assert total == 2 * c.n_layers * 4 * positions * c.d_model * 2
+
+
+RIGHT_BYTES = 87552
+PER_POSITION = RIGHT_BYTES // (4 * 19)
 WRONG_BYTES = {
-    "keys only": (lambda: 1152, "keys only"),
-    "one layer": (lambda: 768, "one layer"),
-    "numbers, not bytes": (lambda: 576, "not bytes"),
-    "one head": (lambda: 384, "one head"),
-    "heads twice": (lambda: 13824, "heads twice"),
-    "bits": (lambda: 18432, "bits"),
-    "unknown": (lambda: 1000, "(?s)Count the tensors.*measured: 2,304"),
-    "a float": (lambda: 2304.0, "return an int"),
-    "a tensor": (lambda: torch.tensor(2304), "return an int"),
+    "every output token": (lambda: PER_POSITION * 4 * 20, "never fed to the model"),
+    "prompt only": (lambda: PER_POSITION * 4 * 12, "prompt only"),
+    "new tokens only": (lambda: PER_POSITION * 4 * 8, "new tokens only"),
+    "max_len": (lambda: PER_POSITION * 4 * 128, "reserves nothing"),
+    "one sequence": (lambda: PER_POSITION * 19, "one sequence"),
+    "one position": (lambda: PER_POSITION, "one position of one sequence"),
+    "float32": (lambda: RIGHT_BYTES * 2, "4 bytes per number"),
+    "keys only": (lambda: RIGHT_BYTES // 2, "factor of 2"),
+    "one layer": (lambda: RIGHT_BYTES // 3, "one layer"),
+    "one head": (lambda: RIGHT_BYTES // 6, "one head"),
+    "heads twice": (lambda: RIGHT_BYTES * 6, "heads twice"),
+    "bits": (lambda: RIGHT_BYTES * 8, "bits"),
+    "unknown": (lambda: 1000, "(?s)how many positions.*measured when generate returns: 87,552"),
+    "a float": (lambda: float(RIGHT_BYTES), "return an int"),
+    "a tensor": (lambda: torch.tensor(RIGHT_BYTES), "return an int"),
     "a bool": (lambda: True, "return an int"),
 }
 
@@ -625,6 +745,15 @@ def test_kv_cache_bytes_rejects_wrong_answers(name):
     fn, message = WRONG_BYTES[name]
     with pytest.raises(CheckFailure, match=message):
         check_kv_cache_bytes(fn)
+
+
+def test_the_cache_measurement_leaves_the_random_stream_alone():
+    measure_generation_cache.cache_clear()
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    measure_generation_cache()
+    assert torch.equal(torch.rand(3), expected)
 
 
 # ------------------------------------------------------------- 9.7 the capstone: your own GPT

@@ -14,9 +14,10 @@ from helpers import stub
 from course_lib import efficient
 from course_lib.course.checks import CheckFailure
 from course_lib.course.checks.ch10 import (
-    buggy_chunked_attention,
+    attend_to_part,
+    buggy_split_attention,
     check_causal_chunked_attention,
-    check_fixed_chunked_attention,
+    check_fixed_split_attention,
     check_longest_sequence,
     check_online_softmax_stats,
     check_sliding_window_mask,
@@ -25,7 +26,7 @@ from course_lib.course.checks.ch10 import (
 
 @pytest.mark.parametrize("check", [check_online_softmax_stats, check_causal_chunked_attention,
                                    check_sliding_window_mask, check_longest_sequence,
-                                   check_fixed_chunked_attention])
+                                   check_fixed_split_attention])
 def test_an_unsolved_stub_fails_as_itself(check):
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
         check(stub)
@@ -502,121 +503,102 @@ def test_longest_sequence_rejects_wrong_answers(name):
 # ---------------------------------------------------------------------- 10.5 find the bug
 
 
-def fixed_loop(q, k, v, block_size, start_max=float("-inf")):
-    """The given function with the running sum rescaled too: the reference solution (with
-    ``start_max=0``, the running maximum started at 0 instead of -inf)."""
-    row_max = torch.full((*q.shape[:-1], 1), start_max)
-    row_sum = torch.zeros((*q.shape[:-1], 1))
-    out = torch.zeros((*q.shape[:-1], v.shape[-1]))
-    for k_block, v_block in zip(k.split(block_size, -2), v.split(block_size, -2), strict=True):
-        scores = q @ k_block.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        new_max = torch.maximum(row_max, scores.amax(-1, keepdim=True))
-        correction = torch.exp(row_max - new_max)
-        p = torch.exp(scores - new_max)
-        row_sum = row_sum * correction + p.sum(-1, keepdim=True)
-        out = out * correction + p @ v_block
-        row_max = new_max
-    return out / row_sum
+def _parts(q, k, v, n_parts):
+    outs, lses = [], []
+    for k_part, v_part in zip(k.chunk(n_parts, dim=-2), v.chunk(n_parts, dim=-2), strict=True):
+        out, lse = attend_to_part(q, k_part, v_part)
+        outs.append(out)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)  # (P, ..., n, d_v), (P, ..., n)
 
 
-def fixed_normalised(q, k, v, block_size):
-    """Another correct formulation: keep the output normalised after every block (out is the
-    softmax-weighted average so far), with einsum."""
-    m = total = out = None
-    for start in range(0, k.shape[-2], block_size):
-        s = torch.einsum("...td,...sd->...ts", q, k[..., start:start + block_size, :])
-        s = s / q.shape[-1] ** 0.5
-        block_max = s.amax(-1, keepdim=True)
-        m_new = block_max if m is None else torch.maximum(m, block_max)
-        p = (s - m_new).exp()
-        block_out = torch.einsum("...ts,...sd->...td", p, v[..., start:start + block_size, :])
-        if m is None:
-            l_new = p.sum(-1, keepdim=True)
-            out = block_out / l_new
-        else:
-            old = total * (m - m_new).exp()
-            l_new = old + p.sum(-1, keepdim=True)
-            out = (out * old + block_out) / l_new
-        m, total = m_new, l_new
+def split_softmax(q, k, v, n_parts):
+    """The reference fix: the parts' shares are a softmax of their log-sum-exps."""
+    outs, lses = _parts(q, k, v, n_parts)
+    return (torch.softmax(lses, dim=0)[..., None] * outs).sum(0)
+
+
+def split_max_subtracted(q, k, v, n_parts):
+    """The same with the maximum subtracted by hand."""
+    outs, lses = _parts(q, k, v, n_parts)
+    mass = torch.exp(lses - lses.amax(0, keepdim=True))  # the largest part has mass 1
+    return (mass[..., None] * outs).sum(0) / mass.sum(0)[..., None]
+
+
+def split_running(q, k, v, n_parts):
+    """Another correct fix: fold the parts in one at a time, keeping the running log-sum-exp
+    (the lecture's rescaling, one level up)."""
+    out, lse = None, None
+    for k_part, v_part in zip(k.chunk(n_parts, dim=-2), v.chunk(n_parts, dim=-2), strict=True):
+        part_out, part_lse = attend_to_part(q, k_part, v_part)
+        if out is None:
+            out, lse = part_out, part_lse
+            continue
+        new_lse = torch.logaddexp(lse, part_lse)  # (..., n)
+        out = (torch.exp(lse - new_lse)[..., None] * out
+               + torch.exp(part_lse - new_lse)[..., None] * part_out)
+        lse = new_lse
     return out
 
 
-@pytest.mark.parametrize("fn", [fixed_loop, fixed_normalised,
-                                lambda q, k, v, b: efficient.chunked_attention(
-                                    q, k, v, block_size=b)])
-def test_fixed_chunked_attention_accepts_correct_fixes(fn, capsys):
-    check_fixed_chunked_attention(fn)
-    assert "fixed_chunked_attention is correct" in capsys.readouterr().out
+@pytest.mark.parametrize("fn", [split_softmax, split_max_subtracted, split_running,
+                                lambda q, k, v, p: efficient.chunked_attention(
+                                    q, k, v, block_size=-(-q.shape[-2] // p))])
+def test_fixed_split_attention_accepts_correct_fixes(fn, capsys):
+    check_fixed_split_attention(fn)
+    assert "fixed_split_attention is correct" in capsys.readouterr().out
 
 
-def test_the_planted_bug_shows_only_when_the_scores_fall_far_between_blocks():
+def test_the_planted_bug_shows_only_on_extreme_scores():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 10, 8, generator=gen) for _ in range(3))
     exact = F.scaled_dot_product_attention(q, k, v)
-    for block_size in (10, 3, 1):  # ordinary scores: right with any blocks
-        torch.testing.assert_close(buggy_chunked_attention(q, k, v, block_size), exact)
-    falling = 60 * q.abs(), k.abs() * torch.linspace(1.0, -1.0, 10)[:, None], v
-    exact = F.scaled_dot_product_attention(*falling)
-    torch.testing.assert_close(buggy_chunked_attention(*falling, 10), exact)  # one block
-    assert torch.isnan(buggy_chunked_attention(*falling, 2)).any()
-    torch.testing.assert_close(fixed_loop(*falling, 2), exact)
-
-
-def zero_start_loop(q, k, v, block_size):
-    """fixed_loop with its running maximum started at 0: exact until exp underflows."""
-    return fixed_loop(q, k, v, block_size, start_max=0.0)
-
-
-def test_a_running_maximum_started_at_0_fails_only_on_scores_below_minus_104():
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 10, 8, generator=gen) for _ in range(3))
-    torch.testing.assert_close(zero_start_loop(q, k, v, 3), F.scaled_dot_product_attention(
-        q, k, v))  # ordinary scores hide it
+    for n_parts in (1, 3, 10):  # ordinary scores: right with any parts
+        torch.testing.assert_close(buggy_split_attention(q, k, v, n_parts), exact)
+    large = 20 * q.abs(), 20 * k.abs(), v  # scores in the hundreds
+    assert torch.isnan(buggy_split_attention(*large, 2)).any()
+    torch.testing.assert_close(split_softmax(*large, 2), F.scaled_dot_product_attention(*large),
+                               atol=1e-4, rtol=1e-4)  # scores in the hundreds: float32 rounding
     low = q.abs() + 0.5, -(k.abs() + 0.5) * 200, v  # every score below -104
     assert bool((low[0] @ low[1].transpose(-2, -1) / math.sqrt(8) < -104).all())
-    assert torch.isnan(zero_start_loop(*low, 3)).all()
-    torch.testing.assert_close(fixed_loop(*low, 3), F.scaled_dot_product_attention(*low),
+    assert torch.isnan(buggy_split_attention(*low, 2)).all()
+    torch.testing.assert_close(split_softmax(*low, 2), F.scaled_dot_product_attention(*low),
                                atol=1e-3, rtol=1e-3)  # scores in the thousands: float32 rounding
 
 
+def _combined_with(weights_of):
+    def combined(q, k, v, n_parts):
+        outs, lses = _parts(q, k, v, n_parts)
+        return (weights_of(lses)[..., None] * outs).sum(0)
+    return combined
+
+
 WRONG_FIX = {
-    "unchanged": (buggy_chunked_attention, "planted bug is still there"),
-    "the planted bug, retyped": (lambda q, k, v, b: torch.stack([
-        buggy_chunked_attention(qi, ki, vi, b) for qi, ki, vi in zip(q, k, v, strict=True)])
-        if q.dim() > 2 else buggy_chunked_attention(q, k, v, b), "planted bug is still there"),
-    "running maximum started at 0": (zero_start_loop, "starts at 0 instead of -inf"),
-    "output rescaled, sum not": (lambda q, k, v, b: unmasked_loop(q, k, v, b, rescale_sum=False),
-                                 "rescales the running output but not the running sum"),
-    "neither rescaled": (lambda q, k, v, b: unmasked_loop(q, k, v, b, rescale_sum=False,
-                                                             rescale_out=False),
-                         "neither the running sum nor the running output"),
-    "sum rescaled, output not": (lambda q, k, v, b: unmasked_loop(q, k, v, b,
-                                                                  rescale_out=False),
-                                 "rescales the running sum but not the running output"),
-    "no division": (lambda q, k, v, b: unmasked_loop(q, k, v, b, divide=False),
-                    "without the final division"),
-    "off by a little": (lambda q, k, v, b: fixed_loop(q, k, v, b) * 1.01, "wrong values"),
-    "whole score matrix": (lambda q, k, v, b: torch.softmax(
+    "unchanged": (buggy_split_attention, "planted bug is still there"),
+    "the planted bug, retyped": (_combined_with(lambda lses: lses.exp() / lses.exp().sum(0)),
+                                 "planted bug is still there"),
+    "in float64": (lambda q, k, v, p: buggy_split_attention(q.double(), k.double(), v.double(),
+                                                            p).float(), "float64"),
+    "plain mean": (_combined_with(lambda lses: torch.full_like(lses, 1 / len(lses))),
+                   "plain mean"),
+    "not normalised": (_combined_with(lambda lses: torch.exp(lses - lses.amax(0))),
+                       "do not add up to 1"),
+    "softmax over the queries": (_combined_with(lambda lses: torch.softmax(lses, dim=-1)),
+                                 "over the queries"),
+    "off by a little": (lambda q, k, v, p: split_softmax(q, k, v, p) * 1.01, "wrong values"),
+    "whole score matrix": (lambda q, k, v, p: torch.softmax(
         q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v, "whole score matrix"),
-    "fused attention": (lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v),
+    "fused attention": (lambda q, k, v, p: F.scaled_dot_product_attention(q, k, v),
                         "comes from F.scaled_dot_product_attention"),
-    "a tuple": (lambda q, k, v, b: (fixed_loop(q, k, v, b), None), "not a tuple"),
+    "a tuple": (lambda q, k, v, p: (split_softmax(q, k, v, p), None), "not a tuple"),
 }
 
 
-def unmasked_loop(q, k, v, block_size, **slips):
-    """Key-blocked attention without a mask, with the given slips (see causal_loop)."""
-    n = q.shape[-2]
-    big = n + k.shape[-2]  # an offset past every key: nothing is masked
-    return causal_loop(q, k, v, block_size, offset=big, **slips)
-
-
 @pytest.mark.parametrize("name", list(WRONG_FIX))
-def test_fixed_chunked_attention_rejects_wrong_fixes(name):
+def test_fixed_split_attention_rejects_wrong_fixes(name):
     fn, message = WRONG_FIX[name]
     with pytest.raises(CheckFailure, match=message) as failure:
-        check_fixed_chunked_attention(fn)
+        check_fixed_split_attention(fn)
     planted = name in ("unchanged", "the planted bug, retyped")
     # the planted bug and its instrument are named only when the output is the planted bug's
     assert ("planted bug" in str(failure.value)) == planted
-    assert ("FALL from one block to the next" in str(failure.value)) == planted

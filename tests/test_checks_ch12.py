@@ -16,63 +16,104 @@ from course_lib.course.checks.ch12 import (
     BLOCK_MISTAKES,
     block_variant,
     buggy_rope,
+    check_capacity_prediction,
     check_fixed_rope,
-    check_kv_cache_prediction,
+    check_glu_ffn,
     check_llama_block,
-    check_swiglu,
     reference_block,
 )
 from course_lib.positions import apply_rope
 
 
-@pytest.mark.parametrize("check", [check_swiglu, check_llama_block, check_kv_cache_prediction,
+@pytest.mark.parametrize("check", [check_glu_ffn, check_llama_block, check_capacity_prediction,
                                    check_fixed_rope])
 def test_an_unsolved_stub_fails_as_itself(check):
     with pytest.raises(NotImplementedError, match="Exercise: write the body"):
         check(stub)
 
 
-# ------------------------------------------------------------------------------ 12.1 SwiGLU
+# --------------------------------------------------------------- 12.1 gated FFNs, one fused matrix
 
 
 def swiglu(x, w_gate, w_up, w_down):
     return (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
 
 
-def swiglu_linear_sigmoid(x, w_gate, w_up, w_down):
-    """F.linear and silu written out as z * sigmoid(z)."""
-    gate = F.linear(x, w_gate)
-    return F.linear(gate * torch.sigmoid(gate) * F.linear(x, w_up), w_down)
+GATE = {"silu": F.silu, "gelu": F.gelu, "sigmoid": torch.sigmoid, "none": lambda z: z}
 
 
-def swiglu_einsum(x, w_gate, w_up, w_down):
-    gate, up = torch.einsum("...d,fd->...f", x, w_gate), torch.einsum("...d,fd->...f", x, w_up)
-    return torch.einsum("...f,df->...d", F.silu(gate) * up, w_down)
+def glu_chunk(x, w_gate_up, w_down, activation):
+    w_gate, w_up = w_gate_up.chunk(2)
+    return (GATE[activation](x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
 
 
-@pytest.mark.parametrize("fn", [swiglu, swiglu_linear_sigmoid, swiglu_einsum])
-def test_swiglu_accepts_every_correct_formulation(fn, capsys):
-    check_swiglu(fn)
-    assert "✅ swiglu is correct" in capsys.readouterr().out
+def glu_fused_product(x, w_gate_up, w_down, activation):
+    """One product with the fused matrix, the output split; activations written out."""
+    gate, up = F.linear(x, w_gate_up).split(w_gate_up.shape[0] // 2, dim=-1)
+    if activation == "silu":
+        gate = gate * torch.sigmoid(gate)
+    elif activation == "gelu":
+        gate = 0.5 * gate * (1 + torch.erf(gate / math.sqrt(2)))
+    elif activation == "sigmoid":
+        gate = torch.sigmoid(gate)
+    return F.linear(gate * up, w_down)
+
+
+def glu_einsum(x, w_gate_up, w_down, activation):
+    half = w_gate_up.shape[0] // 2
+    both = torch.einsum("...d,fd->...f", x, w_gate_up)
+    act = {"silu": F.silu, "gelu": F.gelu, "sigmoid": F.sigmoid}.get(activation, torch.clone)
+    return torch.einsum("...f,df->...d", act(both[..., :half]) * both[..., half:], w_down)
+
+
+@pytest.mark.parametrize("fn", [glu_chunk, glu_fused_product, glu_einsum])
+def test_glu_accepts_every_correct_formulation(fn, capsys):
+    check_glu_ffn(fn)
+    assert "✅ glu_ffn is correct" in capsys.readouterr().out
+
+
+def test_the_silu_reference_is_course_libs_swiglu_and_the_others_their_formula():
+    gen = torch.Generator().manual_seed(0)
+    x, w, d = torch.randn(2, 3, 8, generator=gen), torch.randn(24, 8, generator=gen), \
+        torch.randn(8, 12, generator=gen)
+    for activation in GATE:
+        torch.testing.assert_close(ch12.reference_glu(x, w, d, activation),
+                                   glu_chunk(x, w, d, activation))
+    torch.testing.assert_close(ch12.reference_glu(x, w, d, "silu"),
+                               swiglu(x, w[:12], w[12:], d))
+
+
+def _glu(gate_of, *, swap=False, down=True, up=True, rows=None):
+    def wrong(x, w_gate_up, w_down, activation):
+        w_gate, w_up = rows(w_gate_up) if rows else w_gate_up.chunk(2)
+        if swap:
+            w_gate, w_up = w_up, w_gate
+        gate = gate_of(activation)(x @ w_gate.T)
+        hidden = gate * (x @ w_up.T) if up else gate
+        return hidden @ w_down.T if down else hidden
+    return wrong
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda x, g, u, d: (F.silu(x @ u.T) * (x @ g.T)) @ d.T, "SiLU on the up branch"),
-    (lambda x, g, u, d: (F.gelu(x @ g.T) * (x @ u.T)) @ d.T, "uses GELU"),
-    (lambda x, g, u, d: (F.relu(x @ g.T) * (x @ u.T)) @ d.T, "uses ReLU"),
-    (lambda x, g, u, d: (torch.sigmoid(x @ g.T) * (x @ u.T)) @ d.T, "original GLU"),
-    (lambda x, g, u, d: F.silu(x @ g.T) * (x @ u.T), "down projection"),
-    (lambda x, g, u, d: F.silu(x @ g.T) @ d.T, "multiplies nothing"),
-    (lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d.T * 1.01, "wrong values"),
+    (_glu(GATE.get, swap=True), "activation on the second half"),
+    (_glu(GATE.get, rows=lambda w: (w[0::2], w[1::2])), "alternate rows"),
+    (_glu(lambda a: F.silu), "uses SiLU whatever the activation"),
+    (_glu(lambda a: (lambda z: F.gelu(z, approximate="tanh")) if a == "gelu" else GATE[a]),
+     "tanh approximation"),
+    (_glu(lambda a: F.silu if a == "sigmoid" else GATE[a]), "original GLU's gate is sigmoid"),
+    (lambda x, gu, d, a: _glu(GATE.get, up=a != "none")(x, gu, d, a), "bilinear layer is"),
+    (_glu(GATE.get, down=False), "down projection"),
+    (_glu(GATE.get, up=False), "multiplies nothing"),
+    (lambda x, gu, d, a: glu_chunk(x, gu, d, a) * 1.01, "wrong values"),
 ])
-def test_swiglu_names_the_mistake(wrong, match):
+def test_glu_names_the_mistake(wrong, match):
     with pytest.raises(CheckFailure, match=match):
-        check_swiglu(wrong)
+        check_glu_ffn(wrong)
 
 
-def test_swiglu_explains_the_weight_layout_when_the_learner_crashes():
+def test_glu_explains_the_weight_layout_when_the_learner_crashes():
     with pytest.raises(CheckFailure, match=r"(?s)raised RuntimeError.*out_features, in_features"):
-        check_swiglu(lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d)
+        check_glu_ffn(lambda x, gu, d, a: (F.silu(x @ gu[:gu.shape[0] // 2]) * x) @ d)
 
 
 # ---------------------------------------------------------------------- 12.2 the Llama block
@@ -227,19 +268,33 @@ def test_llama_block_refuses_a_tuple():
         check_llama_block(lambda x, w, h, hkv: (block_variant(x, w, h, hkv), None))
 
 
-# --------------------------------------------------------------------- 12.3 the KV-cache bytes
+# ----------------------------------------------------------- 12.3 sequences that fit on one GPU
 
 PER_TOKEN = 2 * 28 * 4 * (3584 // 28) * torch.bfloat16.itemsize  # Qwen2.5 7B's config.json
-RIGHT = {"bytes_per_token": PER_TOKEN, "bytes_for_the_batch": PER_TOKEN * 32768 * 8}
+GPU, WEIGHTS, CONTEXT = 80 * 2**30, 2 * 7_615_616_512, 32768
+RIGHT = {"bytes_per_token": PER_TOKEN, "max_sequences": (GPU - WEIGHTS) // (PER_TOKEN * CONTEXT),
+         "max_sequences_mha": (GPU - WEIGHTS) // (7 * PER_TOKEN * CONTEXT)}
+
+
+def test_the_parameter_count_is_qwen25_7b_from_its_config():
+    """vocab 152,064, hidden 3,584, 28 layers, 28 query and 4 key/value heads of 128, MLP
+    18,944, biases on q, k and v only, untied embeddings: the published 7,615,616,512."""
+    d, kv, ff, vocab = 3584, 4 * 128, 18944, 152064
+    layer = (d * d + d) + 2 * (d * kv + kv) + d * d + 3 * d * ff + 2 * d
+    assert 28 * layer + d + 2 * vocab * d == ch12.QWEN25_7B_PARAMETERS
+    assert ch12.mha_parameters() - ch12.QWEN25_7B_PARAMETERS == 28 * 2 * (d - kv) * (d + 1)
 
 
 @pytest.mark.parametrize("answer", [RIGHT, {k: np.int64(v) for k, v in RIGHT.items()},
                                     {k: np.uint64(v) for k, v in RIGHT.items()},
-                                    {**RIGHT, "notes": "7 times less than with 28 kv heads"}])
-def test_the_kv_prediction_accepts_the_right_numbers_and_shows_the_measurement(answer, capsys):
-    check_kv_cache_prediction(lambda: answer)
+                                    {**RIGHT, "notes": "the weights first"}])
+def test_the_capacity_prediction_accepts_the_right_numbers_and_shows_the_measurement(answer,
+                                                                                    capsys):
+    assert RIGHT["max_sequences"] == 37 and RIGHT["max_sequences_mha"] == 5
+    check_capacity_prediction(lambda: answer)
     out = capsys.readouterr().out
-    assert "56 KiB" in out and "14 GiB" in out and "7 times" in out
+    assert "56 KiB" in out and "37 sequences fit" in out and "28 key/value heads, 5" in out
+    assert "still leave room for 5" in out
     assert "cache.nbytes = 3,840 bytes" in out and "= 3,840 bytes" in out
 
 
@@ -253,38 +308,40 @@ def test_the_kv_prediction_accepts_the_right_numbers_and_shows_the_measurement(a
     (PER_TOKEN * 28, "hidden_size numbers per key/value head"),
     (PER_TOKEN + 1, r"count 2 \(keys and values\)"),
 ])
-def test_the_kv_prediction_names_the_per_token_mistake(per_token, match):
-    answer = {"bytes_per_token": per_token, "bytes_for_the_batch": per_token * 32768 * 8}
+def test_the_capacity_prediction_names_the_per_token_mistake(per_token, match):
     with pytest.raises(CheckFailure, match=match):
-        check_kv_cache_prediction(lambda: answer)
+        check_capacity_prediction(lambda: {**RIGHT, "bytes_per_token": per_token})
 
 
-@pytest.mark.parametrize("batch, match", [
-    (PER_TOKEN * 32768, "forgot the batch"),
-    (PER_TOKEN * 8, "forgot the context"),
-    (14, "GiB, not bytes"),
-    (14 * 1024, "MiB, not bytes"),
-    (PER_TOKEN * 32000 * 8, "32,000"),
-    (123, "multiply the bytes per token"),
+@pytest.mark.parametrize("key, value, match", [
+    ("max_sequences", 45, "forgot the weights"),
+    ("max_sequences", 34, r"80 x 10\^9"),
+    ("max_sequences", 29, "4 bytes a parameter"),
+    ("max_sequences", 38, "rounded up"),
+    ("max_sequences", 37 * 32768, "tokens, not the number of sequences"),
+    ("max_sequences", 12, "subtract the weights' bytes"),
+    ("max_sequences_mha", 37, "kept 4 key/value heads"),
+    ("max_sequences_mha", 6, "forgot the weights.* or rounded up"),
+    ("max_sequences_mha", 4, r"80 x 10\^9.* or counted the weights at 4 bytes"),
+    ("max_sequences_mha", 1, "redo max_sequences with 28 key/value heads"),
 ])
-def test_the_kv_prediction_names_the_batch_mistake(batch, match):
+def test_the_capacity_prediction_names_the_fit_mistake(key, value, match):
     with pytest.raises(CheckFailure, match=match):
-        check_kv_cache_prediction(lambda: {"bytes_per_token": PER_TOKEN,
-                                           "bytes_for_the_batch": batch})
+        check_capacity_prediction(lambda: {**RIGHT, key: value})
 
 
 @pytest.mark.parametrize("answer, match", [
     (PER_TOKEN, "should return a dict"),
     ({"bytes_per_token": PER_TOKEN}, "lacks the key"),
-    ({"bytes_per_token": 1.5, "bytes_for_the_batch": 1}, "'bytes_per_token' should be a whole"),
+    ({**RIGHT, "bytes_per_token": 1.5}, "'bytes_per_token' should be a whole"),
     ({k: float(v) for k, v in RIGHT.items()}, r"return an int.*int\(\.\.\.\)"),
     ({k: np.float64(v) for k, v in RIGHT.items()}, r"return an int.*int\(\.\.\.\)"),
     ({k: torch.tensor(v) for k, v in RIGHT.items()}, r"return an int.*\.item\(\)"),
-    ({"bytes_per_token": True, "bytes_for_the_batch": 1}, "should be a whole number"),
+    ({**RIGHT, "max_sequences": True}, "should be a whole number"),
 ])
-def test_the_kv_prediction_rejects_malformed_answers(answer, match):
+def test_the_capacity_prediction_rejects_malformed_answers(answer, match):
     with pytest.raises(CheckFailure, match=match):
-        check_kv_cache_prediction(lambda: answer)
+        check_capacity_prediction(lambda: answer)
 
 
 # ---------------------------------------------------------------------- 12.4 the RoPE bug

@@ -3,76 +3,59 @@ mistake, accept every correct formulation, and let an unsolved stub fail as itse
 
 from __future__ import annotations
 
+import codecs
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 from helpers import stub
 
-from course_lib.bpe import BPETokenizer, merge_pair, pretokenize, train_bpe
+from course_lib.bpe import BPETokenizer, merge_pair, train_bpe
 from course_lib.corpus import shakespeare_text
 from course_lib.course.checks import CheckFailure, ch13
 from course_lib.course.checks.ch13 import (
     COMPRESSION_TEXTS,
     ENCODE_WORDS,
-    buggy_encode,
-    check_bpe_step,
+    buggy_stream,
     check_compression_prediction,
     check_encode_prediction,
-    check_fixed_encode,
+    check_merge_and_count,
+    check_stream_decode,
     compression_tokenizer,
     measured_compression,
 )
 
 
 def test_an_unsolved_stub_fails_as_itself():
-    for check in (check_encode_prediction, check_compression_prediction, check_fixed_encode):
+    for check in (check_encode_prediction, check_compression_prediction, check_stream_decode,
+                  check_merge_and_count):
         with pytest.raises(NotImplementedError, match="Exercise: write the body"):
             check(stub)
-    with pytest.raises(NotImplementedError, match="Exercise: write the body"):
-        check_bpe_step(stub, merge_everywhere)
-    with pytest.raises(NotImplementedError, match="Exercise: write the body"):
-        check_bpe_step(count_pairs, stub)
 
 
-# ------------------------------------------------------------- 13.1 the pair count and the merge
+# ------------------------------------------------------------- 13.1 a merge and the counts it changes
 
 
-def count_pairs(word_counts):
-    counts = Counter()
+def merge_and_count(word_counts, pair, new_id):
+    """Only the words that hold the pair: their old pairs out, their new pairs in."""
+    merged, changes = {}, Counter()
     for word, count in word_counts.items():
-        for pair in zip(word, word[1:], strict=False):
-            counts[pair] += count
-    return counts
+        new = tuple(merge_pair(word, pair, new_id))
+        merged[new] = count
+        if new != word:
+            for old_pair in zip(word, word[1:], strict=False):
+                changes[old_pair] -= count
+            for new_pair in zip(new, new[1:], strict=False):
+                changes[new_pair] += count
+    return merged, changes
 
 
-def count_pairs_indices(word_counts):
-    """A plain dict, index loops, numpy counts."""
-    counts = {}
-    for word, count in word_counts.items():
-        for i in range(len(word) - 1):
-            pair = (word[i], word[i + 1])
-            counts[pair] = counts.get(pair, np.int64(0)) + np.int64(count)
-    return counts
-
-
-def count_pairs_defaultdict(word_counts):
-    counts = defaultdict(int)
-    for word, count in word_counts.items():
-        for a, b in zip(word[:-1], word[1:], strict=True):
-            counts[a, b] += count
-    return counts
-
-
-def merge_everywhere(word_counts, pair, new_id):
-    return {tuple(merge_pair(word, pair, new_id)): count for word, count in word_counts.items()}
-
-
-def merge_while(word_counts, pair, new_id):
-    """A while loop by hand, a Counter out."""
-    out = Counter()
+def merge_and_count_by_hand(word_counts, pair, new_id):
+    """A while loop for the merge, changes in a plain dict with numpy ints, zeros kept, a
+    list out."""
+    merged, changes = Counter(), {}
     for word, count in word_counts.items():
         new, i = [], 0
         while i < len(word):
@@ -82,37 +65,62 @@ def merge_while(word_counts, pair, new_id):
             else:
                 new.append(word[i])
                 i += 1
-        out[tuple(new)] += count
-    return out
+        merged[tuple(new)] += count
+        for sign, w in ((-1, word), (1, new)):
+            for k in range(len(w) - 1):
+                key = (w[k], w[k + 1])
+                changes[key] = changes.get(key, np.int64(0)) + np.int64(sign * count)
+    return [merged, changes]
 
 
-@pytest.mark.parametrize("pairs_fn, merge_fn", [
-    (count_pairs, merge_everywhere), (count_pairs_indices, merge_while),
-    (count_pairs_defaultdict, merge_everywhere)])
-def test_bpe_step_accepts_every_correct_formulation(pairs_fn, merge_fn, capsys):
-    check_bpe_step(pairs_fn, merge_fn)
+def merge_and_recount(word_counts, pair, new_id):
+    """The slow way, every pair of the table counted before and after: right too."""
+    def pairs(table):
+        return Counter(p for word, count in table.items()
+                       for p in zip(word, word[1:], strict=False) for _ in range(count))
+    merged = {tuple(merge_pair(word, pair, new_id)): c for word, c in word_counts.items()}
+    after, before = pairs(merged), pairs(word_counts)
+    return merged, {p: after[p] - before[p] for p in after | before}
+
+
+@pytest.mark.parametrize("fn", [merge_and_count, merge_and_count_by_hand, merge_and_recount])
+def test_merge_and_count_accepts_every_correct_formulation(fn, capsys):
+    check_merge_and_count(fn)
     out = capsys.readouterr().out
-    assert "✅ count_pairs and merge_everywhere are correct" in out
+    assert "✅ merge_and_count is correct" in out
     assert "train_bpe's first 40 merges exactly" in out
 
 
 def test_the_training_loop_of_the_check_is_train_bpe():
     text = shakespeare_text()[ch13.TRAIN_TEXT_SLICE]
-    assert ch13._train_with(count_pairs, merge_everywhere, text, 40) == train_bpe(
-        text, 296).merges
+    assert ch13._train_with(merge_and_count, text, 40) == train_bpe(text, 296).merges
+
+
+def test_the_reference_changes_are_a_recount_and_banana_loses_its_neighbours():
+    a, b, n, x = 97, 98, 110, 256
+    table = {(b, a, n, a, n, a): 3, (a, a, a): 2, (b,): 4}
+    assert ch13.reference_changes(table, (a, n), x) == {
+        (b, a): -3, (a, n): -6, (n, a): -6, (b, x): 3, (x, x): 3, (x, a): 3}
+    assert ch13.reference_changes(table, (a, a), x) == {(a, a): -4, (x, a): 2}
+
+
+def _with_changes(wrong_changes):
+    return lambda wc, pair, new_id: (ch13.reference_merge(wc, pair, new_id),
+                                     wrong_changes(wc, pair, new_id))
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (ch13._pairs_across_words, "straddle two words"),
-    (ch13._pairs_once_per_word, "ignore how often each word occurs"),
-    (ch13._pairs_distinct_per_word, "once per word"),
-    (ch13._pairs_without_overlaps, "skip overlapping occurrences"),
-    (lambda wc: {pair: count + 1 for pair, count in count_pairs(wc).items()},
-     r"differs from the expected table \(case .*expected"),
+    (ch13._changes_as_new_counts, "pair counts of the merged table, not how they changed"),
+    (ch13._changes_reversed, "wrong sign"),
+    (ch13._changes_only_the_pair, "only take the merged pair away"),
+    (ch13._changes_keeping_broken_neighbours, "pairs the merge broke are still counted"),
+    (ch13._changes_once_per_word, "ignore how often each word occurs"),
+    (lambda wc, p, n: {**ch13.reference_changes(wc, p, n), (1, 2): 1},
+     r"table of changes differs from the expected one \(case .*expected none"),
 ])
-def test_the_pair_count_names_the_mistake(wrong, match):
+def test_the_changes_name_the_mistake(wrong, match):
     with pytest.raises(CheckFailure, match=match):
-        check_bpe_step(wrong, merge_everywhere)
+        check_merge_and_count(_with_changes(wrong))
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -123,42 +131,55 @@ def test_the_pair_count_names_the_mistake(wrong, match):
     (ch13._merge_forgetting_counts, "lost the words' counts"),
 ])
 def test_the_merge_names_the_mistake(wrong, match):
+    def fn(wc, pair, new_id):
+        return wrong(wc, pair, new_id), ch13.reference_changes(wc, pair, new_id)
     with pytest.raises(CheckFailure, match=match):
-        check_bpe_step(count_pairs, wrong)
+        check_merge_and_count(fn)
 
 
-def test_the_bpe_step_catches_a_changed_input():
-    def popping_count(word_counts):
-        counts = count_pairs(word_counts)
-        word_counts.clear()
-        return counts
-
+def test_merge_and_count_catches_a_changed_input():
     def merge_in_place(word_counts, pair, new_id):
-        for word in list(word_counts):
-            word_counts[tuple(merge_pair(word, pair, new_id))] = word_counts.pop(word)
-        return word_counts
+        merged, changes = merge_and_count(word_counts, pair, new_id)
+        word_counts.clear()
+        word_counts.update(merged)
+        return word_counts, changes
 
-    with pytest.raises(CheckFailure, match="count_pairs changed the table"):
-        check_bpe_step(popping_count, merge_everywhere)
-    with pytest.raises(CheckFailure, match="merge_everywhere changed the table"):
-        check_bpe_step(count_pairs, merge_in_place)
+    with pytest.raises(CheckFailure, match="merge_and_count changed the table"):
+        check_merge_and_count(merge_in_place)
+
+
+def test_a_count_driven_below_zero_is_named():
+    calls = []
+
+    def late_slip(wc, pair, new_id):  # right on the small tables, wrong while training
+        calls.append(1)
+        merged, changes = merge_and_count(wc, pair, new_id)
+        if len(calls) > 8:
+            changes[pair] -= 1000
+        return merged, changes
+    with pytest.raises(CheckFailure, match="cannot go below 0"):
+        check_merge_and_count(late_slip)
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda wc: list(count_pairs(wc).items()), "should return a dict"),
-    (lambda wc: {f"{a},{b}": c for (a, b), c in count_pairs(wc).items()}, "a tuple of 2"),
-    (lambda wc: {p: float(c) for p, c in count_pairs(wc).items()}, r"return an int.*int\("),
-    (lambda wc: {p: torch.tensor(c) for p, c in count_pairs(wc).items()}, r"\.item\(\)"),
+    (lambda wc, p, n: merge_and_count(wc, p, n)[0], "should return two dicts"),
+    (lambda wc, p, n: (merge_and_count(wc, p, n)[0], list(merge_and_count(wc, p, n)[1].items())),
+     "the changes should be a dict"),
+    (lambda wc, p, n: (merge_and_count(wc, p, n)[0],
+                       {f"{a},{b}": c for (a, b), c in merge_and_count(wc, p, n)[1].items()}),
+     "a tuple of 2"),
+    (lambda wc, p, n: (merge_and_count(wc, p, n)[0],
+                       {k: float(c) for k, c in merge_and_count(wc, p, n)[1].items()}),
+     r"return an int.*int\("),
+    (lambda wc, p, n: (merge_and_count(wc, p, n)[0],
+                       {k: torch.tensor(c) for k, c in merge_and_count(wc, p, n)[1].items()}),
+     r"\.item\(\)"),
+    (lambda wc, p, n: ([merge_pair(w, p, n) for w in wc], merge_and_count(wc, p, n)[1]),
+     "the merged table should be a dict"),
 ])
-def test_the_pair_count_refuses_malformed_tables(wrong, match):
+def test_merge_and_count_refuses_malformed_answers(wrong, match):
     with pytest.raises(CheckFailure, match=match):
-        check_bpe_step(wrong, merge_everywhere)
-
-
-def test_the_merge_refuses_lists_of_words():
-    with pytest.raises(CheckFailure, match="should return a dict"):
-        check_bpe_step(count_pairs, lambda wc, pair, new_id: [
-            merge_pair(w, pair, new_id) for w in wc])
+        check_merge_and_count(wrong)
 
 
 # ------------------------------------------------------------------ 13.2 encode by hand
@@ -266,80 +287,113 @@ def test_a_failed_compression_prediction_does_not_give_the_numbers_away():
     assert f"{MEASURED['the same in Russian']:.2f}" not in str(failure.value)
 
 
-# ---------------------------------------------------------------- 13.4 the encoder's bug
+# ---------------------------------------------------------------- 13.4 the streaming decoder's bug
 
 
-def encode_merge_pair(text, tokenizer):
-    ids = []
-    for piece in pretokenize(text):
-        word = list(piece.encode("utf-8"))
-        for a, b in tokenizer.merges:
-            pair = (tokenizer.token_ids[a], tokenizer.token_ids[b])
-            word = merge_pair(word, pair, tokenizer.token_ids[a + b])
-        ids.extend(word)
-    return ids
+def stream_incremental(ids, tokenizer):
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return [decoder.decode(tokenizer.vocab[i], final=k == len(ids) - 1)
+            for k, i in enumerate(ids)]
 
 
-def encode_while(text, tokenizer):
-    """The given loop with the break replaced by a scan that goes on after each merge."""
-    ids = []
-    for piece in pretokenize(text):
-        word = list(piece.encode("utf-8"))
-        for a, b in tokenizer.merges:
-            pair = (tokenizer.token_ids[a], tokenizer.token_ids[b])
-            i = 0
-            while i < len(word) - 1:
-                if (word[i], word[i + 1]) == pair:
-                    word[i:i + 2] = [tokenizer.token_ids[a + b]]
-                i += 1
-        ids.extend(np.array(word, dtype=np.int64).tolist())
-    return tuple(ids)
+def stream_by_hand(ids, tokenizer):
+    """Hold back the bytes of an unfinished character found from its lead byte; a generator."""
+    pending = b""
+    for k, i in enumerate(ids):
+        pending += tokenizer.vocab[i]
+        cut = len(pending)
+        for back in range(1, min(4, len(pending)) + 1):
+            byte = pending[-back]
+            if byte & 0xC0 == 0x80:  # a continuation byte: look further back
+                continue
+            need = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
+            if need > back:
+                cut = len(pending) - back
+            break
+        if k == len(ids) - 1:
+            cut = len(pending)
+        yield pending[:cut].decode("utf-8", errors="replace")
+        pending = pending[cut:]
 
 
-def encode_library(text, tokenizer):
-    return [np.int64(i) for i in tokenizer.encode(text)]
+def stream_by_trying(ids, tokenizer):
+    """Decode what is waiting; an error at its very end means a character still coming, any
+    other error bytes to write as U+FFFD and go on after; a tuple."""
+    out, pending = [], b""
+    for k, i in enumerate(ids):
+        pending, text = pending + tokenizer.vocab[i], ""
+        while pending:
+            try:
+                text, pending = text + pending.decode("utf-8"), b""
+            except UnicodeDecodeError as err:
+                if err.reason == "unexpected end of data" and k < len(ids) - 1:
+                    text += pending[:err.start].decode("utf-8")
+                    pending = pending[err.start:]
+                    break
+                text += pending[:err.end].decode("utf-8", errors="replace")
+                pending = pending[err.end:]
+        out.append(text)
+    return tuple(out)
 
 
-def encode_numpy(text, tokenizer):
-    return np.array(encode_merge_pair(text, tokenizer), dtype=np.int64)
+@pytest.mark.parametrize("fn", [stream_incremental, stream_by_hand, stream_by_trying])
+def test_stream_decode_accepts_every_correct_fix(fn, capsys):
+    check_stream_decode(fn)
+    assert "✅ stream_decode gives tokenizer.decode's text" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("fn", [encode_merge_pair, encode_while, encode_library, encode_numpy])
-def test_fixed_encode_accepts_every_correct_fix(fn, capsys):
-    check_fixed_encode(fn)
-    assert "✅ encode gives exactly BPETokenizer.encode's ids" in capsys.readouterr().out
-
-
-def test_the_bug_is_one_break_and_shows_on_some_texts_only():
+def test_the_bug_shows_on_characters_split_between_tokens_only():
     tokenizer = compression_tokenizer()
-    assert len({a + b for a, b in tokenizer.merges}) == len(tokenizer.merges)  # no token twice
-    texts = ch13.fix_texts()
-    differ = [t for t in texts if buggy_encode(t, tokenizer) != tokenizer.encode(t)]
-    assert 0 < len(differ) < len(texts) / 2
-    assert "I understand you not, my lord." in differ
+    cases = ch13.stream_cases()
+    differ = {name for name, ids, _ in cases
+              if "".join(buggy_stream(ids, tokenizer)) != tokenizer.decode(ids)}
+    assert "lines of the plays" not in differ and "no ids at all" not in differ
+    assert {"accents, a dash and emoji", "Russian (exercise 13.3)",
+            "a sequence cut halfway through an emoji"} <= differ
+    for name, ids, valid in cases:  # the reference's pieces join to decode's text
+        assert "".join(ch13.reference_stream(ids, tokenizer)) == tokenizer.decode(ids), name
+        if valid:
+            assert all(p.isprintable() or p.strip() == "" or "\n" in p
+                       for p in ch13.reference_stream(ids, tokenizer)), name
+
+
+def _strict(ids, tokenizer):
+    return [tokenizer.vocab[i].decode("utf-8") for i in ids]
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (buggy_encode, r"(?s)planted bug is still there.*understand.*equality with "
-                   r"BPETokenizer.encode"),
-    (ch13._encode_leftmost_first, "leftmost pair that has a merge"),
-    (ch13._encode_without_pieces, r"no longer cuts the text into pre-tokens.*knew'st"),
-    (ch13._encode_overlapping, "not 'aa aa'"),
-    (lambda text, tokenizer: tokenizer.encode(text)[::-1], "differs from BPETokenizer.encode"),
-    (lambda text, tokenizer: tokenizer.encode_tensor(text), r"should return a list.*tolist"),
-    (lambda text, tokenizer: [float(i) for i in tokenizer.encode(text)], r"int\(\.\.\.\)"),
+    (buggy_stream, r"(?s)planted mistake is still there.*round trip"),
+    (ch13._stream_ignoring, "errors='ignore'"),
+    (ch13._stream_without_flush, "ids run out"),
+    (ch13._stream_at_the_end, "holds everything back until the last id"),
+    (_strict, "UnicodeDecodeError.*errors='replace'"),
+    (lambda ids, tok: [tok.decode(ids[:k + 1]) for k in range(len(ids))],
+     "differ from tokenizer.decode"),
+    (lambda ids, tok: [""] + stream_incremental(ids, tok)[:-1] + (
+        [stream_incremental(ids, tok)[-1]] if len(ids) > 1 else []) if ids else [],
+     r"one string per id|after id 0 .* not earlier and not later"),
+    (lambda ids, tok: "".join(stream_incremental(ids, tok)), "a list of strings"),
+    (lambda ids, tok: stream_incremental(ids, tok)[:-1], "one string per id"),
 ])
-def test_fixed_encode_names_the_mistake_and_the_instrument(wrong, match):
+def test_stream_decode_names_the_mistake(wrong, match):
     with pytest.raises(CheckFailure, match=match):
-        check_fixed_encode(wrong)
+        check_stream_decode(wrong)
+
+
+def test_a_late_piece_is_named_with_the_id_and_the_text_due():
+    def one_late(ids, tok):  # every piece one id late, the last one with the rest
+        pieces = stream_incremental(ids, tok)
+        return ([""] + pieces[:-2] + [pieces[-2] + pieces[-1]]) if len(ids) > 1 else pieces
+    with pytest.raises(CheckFailure, match=r"after id 0 of the case 'lines of the plays'"):
+        check_stream_decode(one_late)
 
 
 def test_an_unknown_slip_is_not_blamed_on_the_planted_bug():
-    def off_by_one_piece(text, tokenizer):
-        ids = tokenizer.encode(text)
-        return ids + [ids[-1]] if "purposes" in text else ids
+    def extra_space(ids, tokenizer):
+        pieces = stream_incremental(ids, tokenizer)
+        return [p.replace("é", "e") for p in pieces]
     with pytest.raises(CheckFailure) as failure:
-        check_fixed_encode(off_by_one_piece)
+        check_stream_decode(extra_space)
     assert "planted" not in str(failure.value) and "instrument" not in str(failure.value)
 
 

@@ -117,15 +117,15 @@ RUN_SECONDS = {
     "02_self_attention": 4.4,
     "03_positions": 29.8,
     "04_nonlinearity": 4.0,
-    "05_masking": 4.2,
+    "05_masking": 6.0,
     "06_multi_head": 6.8,
-    "07_norms_residuals": 21.6,
+    "07_norms_residuals": 26.0,
     "08_architectures": 17.4,
     "09_training": 40.6,
-    "10_cost_of_attention": 9.9,
+    "10_cost_of_attention": 10.9,
     "11_inside_a_transformer": 60.2,
     "12_modern_decoders": 54.7,
-    "13_tokens": 49.7,
+    "13_tokens": 65.0,
     "14_beyond_one_device": 18.3,
 }
 
@@ -233,6 +233,19 @@ def test_chapter_00s_time_table_matches_the_chapters():
     assert tuple(int(g) for g in total.groups()) == (
         round((core + exercise) / 60), round((core + exercise + deeper) / 60),
         core, exercise, deeper), "the totals row adds up the columns"
+
+
+@pytest.mark.parametrize("path", LECTURES[1:], ids=_ids(LECTURES[1:]))
+def test_exercise_minutes_are_the_sum_of_the_labels(path):
+    """A core notebook's Time line and its exercise notebook's opening both give the minutes of
+    the chapter's exercises as the sum of their labels."""
+    solution = ROOT / "solutions" / path.name
+    total = sum(int(label.group(3)) for label in _exercise_labels(solution))
+    stated = re.search(r"\(\+ (\d+) min for the exercises", nbformat.read(path, as_version=4).cells[0].source)
+    opening = re.search(r"about (\d+) minutes in all",
+                        nbformat.read(solution, as_version=4).cells[0].source)
+    assert stated and int(stated.group(1)) == total, f"{path.name}'s Time line: {total} min"
+    assert opening and int(opening.group(1)) == total, f"{solution.name}'s opening: {total} min"
 
 
 @pytest.mark.parametrize("path", LECTURES + DEEPER + SOLUTIONS, ids=_ids(LECTURES + DEEPER + SOLUTIONS))

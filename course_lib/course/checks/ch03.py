@@ -2,12 +2,14 @@
 
 The references are :mod:`course_lib.positions`: :func:`~course_lib.positions.sinusoidal_encoding`,
 :func:`~course_lib.positions.alibi_bias`, :func:`~course_lib.positions.apply_rope` (exercise 3.3
-fixes a broken copy of it) and :func:`~course_lib.positions.ntk_scaled_base`. Exercise 3.4 is a
-prediction, graded and then shown next to a measurement.
+fixes a broken copy of it) and :func:`~course_lib.positions.rope_frequencies` (exercise 3.5
+keeps or slows each pair's speed). Exercise 3.4 is a prediction, graded and then shown next to a
+measurement.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 
@@ -23,7 +25,6 @@ from ._core import (
     compare_tensors,
     describe,
     rand,
-    require_number,
     run_cases,
     wrap_checks,
 )
@@ -706,56 +707,118 @@ def check_shift_predictions(prediction: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# 3.5 ntk_scaled_base(d_head, factor, base)
+# 3.5 by_parts_frequencies(d_head, factor, trained_length, base): keep the speed of every pair
+# that made a full turn within the trained offsets 0 .. L - 1, slow the others by the factor.
+
+FULL_TURN = 2 * math.pi
 
 
-def _ntk_cases() -> list[Case]:
+def _by_parts(d: int, factor: float, length: int, base: float, *, largest: int | None = None,
+              turn: float = FULL_TURN, keep_slow: bool = False,
+              slow: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """(d/2,) speeds: theta_i where (largest offset) * theta_i >= turn, else slow(theta_i)
+    (theta_i / factor); ``keep_slow`` swaps the two groups (a mistake)."""
+    theta = positions.rope_frequencies(d, base=base, dtype=torch.float64)  # (d/2,)
+    offset = length - 1 if largest is None else largest
+    full_turn = offset * theta >= turn  # (d/2,): this pair met every angle in training
+    if keep_slow:
+        full_turn = ~full_turn
+    slowed = theta / factor if slow is None else slow(theta)
+    return torch.where(full_turn, theta, slowed)  # (d/2,)
+
+
+BY_PARTS_MISTAKES = [
+    Misconception(
+        lambda d, f, L, b: _by_parts(d, f, L, b, turn=-1.0),
+        "Your speeds are the trained ones, theta_i = base^(-2i/d), for every pair: slow the "
+        "pairs that never made a full turn in training by the factor",
+    ),
+    Misconception(
+        lambda d, f, L, b: _by_parts(d, f, L, b, turn=math.inf),
+        "You slowed every pair by the factor: that is position interpolation, which also "
+        "slows the fast pairs that training already showed every angle. Keep those",
+    ),
+    Misconception(
+        lambda d, f, L, b: _by_parts(d, f, L, b, keep_slow=True),
+        "You slowed the wrong group: the pairs that made a full turn within the trained "
+        "offsets have met every angle and keep their speed; the slow ones, which never "
+        "completed a turn, are the ones to slow down",
+    ),
+    Misconception(
+        lambda d, f, L, b: _by_parts(d, f, L, b, largest=L),
+        "Your boundary is off by one offset: a model trained on L tokens has met the offsets "
+        "0 to L - 1, so a pair made a full turn when (L - 1) * theta_i >= 2 pi, not "
+        "L * theta_i",
+    ),
+    Misconception(
+        lambda d, f, L, b: _by_parts(d, f, L, b, slow=lambda t: t * f),
+        "You multiplied the slow pairs' speeds by the factor, which makes them turn faster; "
+        "to turn `factor` times more slowly, divide",
+    ),
+    Misconception(
+        lambda d, f, L, b: _by_parts(d, f, L, b, turn=math.pi),
+        "You compared the angle with pi, half a turn; a pair has met every angle once it has "
+        "turned a full circle, 2 pi radians",
+    ),
+    Misconception(
+        lambda d, f, L, b: _by_parts(d, f, L, b, turn=1.0),
+        "You compared the angle with 1 radian; a pair has met every angle once it has turned "
+        "a full circle, 2 pi radians",
+    ),
+    Misconception(
+        lambda d, f, L, b: positions.rope_frequencies(
+            d, base=positions.ntk_scaled_base(d, f, base=b), dtype=torch.float64),
+        "Those are the NTK-aware speeds, where every pair but the first slows by its own "
+        "amount; here each pair either keeps its speed or slows by the full factor",
+    ),
+]
+
+
+def _by_parts_cases() -> list[Case]:
     return [
-        Case("d_head=12, factor 4 (chapter 03's models)", (12, 4.0, 10000.0)),
-        Case("d_head=64, factor 2", (64, 2.0, 10000.0)),
-        Case("d_head=4, factor 8 (two pairs)", (4, 8.0, 10000.0)),
-        Case("d_head=128, factor 16, base 500000", (128, 16.0, 500000.0)),
-        Case("factor 1: nothing to stretch", (16, 1.0, 10000.0)),
+        Case("d_head=12, factor 4, trained on 32 tokens (chapter 03's models)",
+             (12, 4.0, 32, 10000.0)),
+        Case("d_head=64, factor 8, trained on 2048 tokens", (64, 8.0, 2048, 10000.0)),
+        Case("d_head=12, factor 4, trained on 30 tokens", (12, 4.0, 30, 10000.0)),
+        Case("d_head=8, factor 2, trained on 7 tokens", (8, 2.0, 7, 10000.0)),
+        Case("d_head=128, factor 16, trained on 8192 tokens, base 500000",
+             (128, 16.0, 8192, 500000.0)),
+        Case("one pair, d_head=2, trained on 4 tokens", (2, 3.0, 4, 10000.0)),
+        Case("factor 1: nothing to stretch", (16, 1.0, 64, 10000.0)),
     ]
 
 
-def check_ntk_base(ntk_scaled_base: Callable) -> None:
-    """Check ``ntk_scaled_base(d_head, factor, base)`` -> base * factor^(d_head / (d_head - 2)),
-    through its meaning: the slowest pair turns ``factor`` times more slowly, the fastest keeps
-    its speed of 1 radian per position.
+def check_by_parts_frequencies(by_parts_frequencies: Callable) -> None:
+    """Check ``by_parts_frequencies(d_head, factor, trained_length, base)``: the (d_head/2,)
+    speeds theta_i = base^(-2i/d_head), kept for the pairs with (trained_length - 1) * theta_i
+    >= 2 pi (a full turn within the trained offsets) and divided by ``factor`` for the others.
+    Compared relatively (the slowest speeds are below 1e-5).
 
     Args:
-        ntk_scaled_base: the learner's function.
+        by_parts_frequencies: the learner's function.
     """
 
     def check_one(got: object, case: Case) -> None:
-        d, factor, base = case.args
-        value = require_number(got, "The new base", case)
-        if not value == value or value <= 0:  # NaN, or not positive
+        d, factor, length, base = case.args
+        expected = _by_parts(d, factor, length, base)
+        if isinstance(got, list | tuple) and len(got) == d // 2:
+            raise CheckFailure(f"Your function returned {describe(got)}; return a tensor of "
+                               f"shape ({d // 2},) (torch.tensor turns a list into one)")
+        if isinstance(got, torch.Tensor) and got.shape == (d,) and d > 2:
             raise CheckFailure(
-                f"Your function returned {value} on the case '{case.name}': return the new "
-                "base, one positive number")
-        expected = positions.ntk_scaled_base(d, factor, base=base)
-        if abs(value - expected) <= 1e-6 * expected:
-            return
-        if float(value).is_integer() and abs(value - expected) <= 0.5:
-            raise CheckFailure(f"Case '{case.name}': your base {value:,.0f} is the right one "
-                               f"rounded to a whole number; return it unrounded "
-                               f"({expected:,.6f}...): every digit moves the slowest pair")
-        last = (d - 2) / d  # the slowest pair turns at base^(-(d-2)/d)
-        slowdown = (value / base) ** last
-        hint = ""
-        if abs(value - base * factor) <= 1e-6 * value and factor != 1:
-            hint = (" You multiplied the base by the factor; but the slowest pair's speed is "
-                    "base^(-(d-2)/d), so the factor must be raised to a power first.")
-        raise CheckFailure(
-            f"Case '{case.name}': your base {value:,.6g} slows the slowest pair (i = d/2 - 1, "
-            f"speed base^(-(d-2)/d)) by a factor {slowdown:.4g}, but it should be slowed by the "
-            f"full factor {factor:g} (the fastest pair, speed base^0 = 1, never changes).{hint} "
-            "Solve (b'/b)^((d-2)/d) = factor for b'"
-        )
+                f"Your tensor has shape ({d},): one speed per dimension. Return one per pair "
+                f"of dimensions, shape ({d // 2},) (case '{case.name}')")
+        if isinstance(got, torch.Tensor) and not got.is_floating_point():
+            raise CheckFailure(f"Your speeds have dtype {got.dtype}; return a floating-point "
+                               f"tensor (case '{case.name}')")
+        compare_tensors(got, expected, case, what="Your speeds", misconceptions=BY_PARTS_MISTAKES,
+                        atol=0.0, rtol=1e-4)
 
-    run_cases("ntk_scaled_base", ntk_scaled_base, _ntk_cases(), check_one)
+    run_cases("by_parts_frequencies", by_parts_frequencies, _by_parts_cases(), check_one)
+    kept = int((_by_parts(12, 4.0, 32, BASE) == positions.rope_frequencies(
+        12, dtype=torch.float64)).sum())
+    print(f"   On chapter 03's models (d_head = 12, 32 trained tokens, factor 4) it keeps the "
+          f"first {kept} of the 6 pairs and slows the other {6 - kept} by 4.")
 
 
 # in a notebook: a stub's check prints one not-done line, a failure only its message

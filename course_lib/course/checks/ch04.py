@@ -5,8 +5,8 @@ a column vector as ``W x`` and a batch of row vectors as ``x @ W.T``. Value matr
 notes' ``v_k = V x_k``, so one bare attention layer computes ``alpha @ X @ V.T``.
 
 Exercises:
-    4.1 predict then verify: shape and rank of a collapsed three-layer value path
-        (check_collapse_prediction)
+    4.1 write: collapse a stack of bare attention layers with value biases into one
+        (check_collapse)
     4.2 experiment: a tiny network with and without an activation on XOR (check_xor_experiment)
     4.3 find the bug: an FFN that mixes positions, fixed (check_fixed_ffn)
 """
@@ -14,7 +14,6 @@ Exercises:
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,102 +29,151 @@ from course_lib.layers import FeedForward
 from ._core import (
     Case,
     CheckFailure,
+    Misconception,
     call_learner,
+    compare_tensors,
     describe,
-    prediction_dict,
-    require_count,
     require_real,
+    run_cases,
     wrap_checks,
 )
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4.1: predict the shape and rank of the collapsed value path
-
-# Three bare attention layers on T tokens of D features; the value matrices have the shapes
-# (WIDE, D), (NARROW, WIDE) and (D, NARROW), so the middle one is the narrowest.
-D_MODEL, WIDE, NARROW, N_TOKENS = 16, 8, 5, 3
-COLLAPSE_KEYS = ("V_star_shape", "V_star_rank", "out_rank")
+# Exercise 4.1: collapse a stack of bare attention layers whose values have biases. Layer l
+# computes H_l = alpha_l (H_{l-1} V_l^T + 1 c_l^T); the stack equals alpha* X V*^T + 1 c*^T with
+# alpha* = alpha_N ... alpha_1, V* = V_N ... V_1 and c* = V_N ... V_2 c_1 + ... + V_N c_{N-1} + c_N
+# (the rows of every alpha sum to 1, so averaging leaves a bias added to every row unchanged).
 
 
-def _measure_collapse(seed: int = 0) -> dict[str, Any]:
-    """Build the stack of exercise 4.1 with random weights and measure the three answers."""
+def _stack_out(alphas: Sequence[torch.Tensor], Vs: Sequence[torch.Tensor],
+               cs: Sequence[torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+    """The stack itself, layer after layer: (T, d_N)."""
+    h = X
+    for alpha, V, c in zip(alphas, Vs, cs, strict=True):
+        h = alpha @ (h @ V.T + c)  # (T, d_l): one bare attention layer with value bias c
+    return h
+
+
+def _collapsed(alphas, Vs, cs, *, alpha_order: str = "right", v_order: str = "right",
+               bias: str = "right") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """alpha*, V*, c* (right), or one of the plausible wrong versions."""
+    alpha_star, V_star, c_star = alphas[0], Vs[0], cs[0]
+    if bias == "own":  # each layer's bias also through its own value matrix
+        c_star = Vs[0] @ cs[0]  # fails unless V_1 is square: then it is not this mistake
+    for alpha, V, c in zip(alphas[1:], Vs[1:], cs[1:], strict=True):
+        alpha_star = alpha @ alpha_star if alpha_order == "right" else alpha_star @ alpha
+        V_star = V @ V_star if v_order == "right" else V_star @ V
+        if bias == "right":
+            c_star = V @ c_star + c
+        elif bias == "sum":
+            c_star = c_star + c
+        elif bias == "last":
+            c_star = c
+        elif bias == "own":
+            c_star = V @ (c_star + c)
+    return alpha_star, V_star, c_star
+
+
+def _collapse_case(name: str, widths: Sequence[int], n_tokens: int, seed: int,
+                   hint: str = "") -> Case:
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    X = randn(N_TOKENS, D_MODEL)  # (T, D)
-    V1, V2, V3 = randn(WIDE, D_MODEL), randn(NARROW, WIDE), randn(D_MODEL, NARROW)
-    alphas = [softmax(randn(N_TOKENS, N_TOKENS), -1) for _ in range(3)]  # (T, T) each
-    out = X
-    for alpha, V in zip(alphas, (V1, V2, V3), strict=True):
-        out = alpha @ out @ V.T  # one bare attention layer
-    V_star = V3 @ V2 @ V1  # (D, D)
-    return {
-        "V_star_shape": tuple(V_star.shape),
-        "V_star_rank": int(torch.linalg.matrix_rank(V_star)),
-        "out_rank": int(torch.linalg.matrix_rank(out)),
-    }
+    alphas = [softmax(2 * randn(n_tokens, n_tokens), -1) for _ in widths[1:]]  # (T, T) each
+    Vs = [randn(d_out, d_in) / math.sqrt(d_in)
+          for d_in, d_out in zip(widths[:-1], widths[1:], strict=True)]
+    cs = [randn(d_out) for d_out in widths[1:]]
+    return Case(name, (alphas, Vs, cs), hint=hint)
 
 
-def _as_shape(value: object) -> tuple[int, ...] | None:
-    if isinstance(value, torch.Size):
-        return tuple(value)
-    if isinstance(value, (tuple, list)) and all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
-        return tuple(int(v) for v in value)
-    return None
+ORDER_HINT = ("layer 1 acts first: its value matrix V_1 takes the token's d_0 features in, so "
+              "it stands rightmost in V*, and each later layer multiplies from the left")
 
 
-def check_collapse_prediction(predict_collapse: Callable) -> None:
-    """Grade the predictions of exercise 4.1, then print what a measurement gives.
+def _collapse_cases() -> list[Case]:
+    return [
+        _collapse_case("2 layers, T=4, D=5", (5, 5, 5), 4, 0),
+        _collapse_case("3 layers, T=3, D=6", (6, 6, 6, 6), 3, 1),
+        _collapse_case("3 layers, widths 6 -> 4 -> 3 -> 6, T=5", (6, 4, 3, 6), 5, 2, ORDER_HINT),
+        _collapse_case("one layer, T=3, 4 -> 2", (4, 2), 3, 3),
+        _collapse_case("4 layers, widths 3 -> 7 -> 2 -> 5 -> 4, T=2", (3, 7, 2, 5, 4), 2, 4,
+                       ORDER_HINT),
+        _collapse_case("one token, T=1, 3 layers", (4, 4, 4, 4), 1, 5),
+    ]
+
+
+ALPHA_MISTAKES = [Misconception(
+    lambda a, V, c: _collapsed(a, V, c, alpha_order="left")[0],
+    "alpha_star: your product is in the wrong order. Layer 1 averages first, so alpha_1 "
+    "stands rightmost: alpha* = alpha_N ... alpha_2 alpha_1 (the lecture: alpha^(2) alpha^(1))")]
+V_MISTAKES = [Misconception(
+    lambda a, V, c: _collapsed(a, V, c, v_order="left")[1],
+    "V_star: your product is in the wrong order. " + ORDER_HINT[0].upper() + ORDER_HINT[1:])]
+BIAS_MISTAKES = [
+    Misconception(
+        lambda a, V, c: _collapsed(a, V, c, bias="sum")[2],
+        "c_star: you added the biases as they are. A bias added in layer l is a value like any "
+        "other for layer l + 1, so it goes through V_{l+1} (and every later value matrix) "
+        "before it reaches the output"),
+    Misconception(
+        lambda a, V, c: _collapsed(a, V, c, bias="last")[2],
+        "c_star: you kept only the last layer's bias. The earlier biases do not vanish: each "
+        "one is carried to the output by the value matrices of the layers after it"),
+    Misconception(
+        lambda a, V, c: _collapsed(a, V, c, bias="own")[2],
+        "c_star: each layer's bias goes through its own value matrix in your answer. Layer l's "
+        "values are V_l h + c_l: c_l is added after V_l, and only the later layers' value "
+        "matrices act on it"),
+]
+
+
+def _collapse_parts(got: object, name: str) -> tuple[Any, Any, Any]:
+    if not isinstance(got, tuple | list) or len(got) != 3:
+        raise CheckFailure(f"{name} should return the three tensors (alpha_star, V_star, "
+                           f"c_star), got {describe(got)}")
+    return tuple(got)
+
+
+def check_collapse(collapse: Callable) -> None:
+    """Check ``collapse(alphas, Vs, cs)`` -> (alpha_star, V_star, c_star) for a stack of bare
+    attention layers with value biases, H_l = alpha_l (H_{l-1} V_l^T + c_l), then show that the
+    collapsed layer reproduces a stack run layer by layer.
 
     Args:
-        predict_collapse: takes no argument and returns a dict with the keys ``V_star_shape``
-            (a tuple), ``V_star_rank`` and ``out_rank`` (ints).
+        collapse: the learner's function.
     """
-    got = prediction_dict(call_learner(predict_collapse, Case("your predictions")),
-                          COLLAPSE_KEYS, "predict_collapse")
-    shape = _as_shape(got["V_star_shape"])
-    if shape is None:
-        raise CheckFailure(f"V_star_shape should be a tuple of two ints such as (3, 5), got "
-                           f"{got['V_star_shape']!r}")
-    ranks = {k: require_count(got[k], k) for k in ("V_star_rank", "out_rank")}
-    if shape != (D_MODEL, D_MODEL):
-        raise CheckFailure(
-            f"V_star_shape: {shape} is not it. V* = V3 @ V2 @ V1 takes a token's {D_MODEL} "
-            f"features in and gives {D_MODEL} features out: what shape is that?")
-    v_rank, out_rank = ranks["V_star_rank"], ranks["out_rank"]
-    if v_rank == D_MODEL:
-        raise CheckFailure(
-            f"V_star_rank: a {D_MODEL} x {D_MODEL} matrix need not have rank {D_MODEL}. The "
-            "rank of a product is at most the smallest rank of its factors")
-    if v_rank == WIDE:
-        raise CheckFailure(
-            f"V_star_rank: V1 keeps {WIDE} numbers of each token, but V2 then keeps only "
-            f"{NARROW} of those. The narrowest factor decides, wherever it sits in the product")
-    if v_rank != NARROW:
-        raise CheckFailure(f"V_star_rank: {v_rank} is not it. What is the fewest numbers a "
-                           "token is squeezed into on its way through? Random matrices lose "
-                           "nothing else")
-    if out_rank == NARROW:
-        raise CheckFailure(
-            f"out_rank: the output has only T = {N_TOKENS} rows, and a matrix's rank is at most "
-            "its number of rows as well as its number of columns")
-    if out_rank in (D_MODEL, WIDE):
-        raise CheckFailure(
-            f"out_rank: every output row lies in the column space of V* (rank {NARROW}), and "
-            f"there are only {N_TOKENS} rows: neither bound allows {out_rank}")
-    if out_rank != N_TOKENS:
-        raise CheckFailure(f"out_rank: {out_rank} is not it. Two things bound the rank of the "
-                           f"({N_TOKENS}, {D_MODEL}) output: the space its rows lie in and "
-                           "how many rows there are")
-    measured = _measure_collapse()
-    print("\u2705 your three predictions are right. Measured on random weights "
-          f"(T = {N_TOKENS}, D = {D_MODEL}, value matrices ({WIDE}, {D_MODEL}), "
-          f"({NARROW}, {WIDE}), ({D_MODEL}, {NARROW})):")
-    for key in COLLAPSE_KEYS:
-        print(f"   {key:>12}: {measured[key]}")
+
+    def check_one(got: object, case: Case) -> None:
+        alphas, Vs, cs = case.args
+        alpha_star, V_star, c_star = _collapse_parts(got, "collapse")
+        expected = _collapsed(alphas, Vs, cs)
+        if isinstance(c_star, torch.Tensor) and c_star.dim() == 2 and c_star.shape == (
+                alphas[0].shape[0], expected[2].shape[0]):
+            same_rows = bool(torch.allclose(c_star, expected[2].expand_as(c_star), atol=1e-8))
+            raise CheckFailure(
+                f"c_star has shape {tuple(c_star.shape)}, one row per token"
+                + (", and its rows are all the right bias" if same_rows else "")
+                + f". Return one vector of shape {tuple(expected[2].shape)}: every row gets "
+                f"the same bias, because each row of an alpha sums to 1 (case '{case.name}')")
+        compare_tensors(alpha_star, expected[0], case, what="alpha_star",
+                        misconceptions=ALPHA_MISTAKES, atol=1e-9, rtol=1e-7)
+        compare_tensors(V_star, expected[1], case, what="V_star",
+                        misconceptions=V_MISTAKES, atol=1e-9, rtol=1e-7)
+        compare_tensors(c_star, expected[2], case, what="c_star",
+                        misconceptions=BIAS_MISTAKES, atol=1e-9, rtol=1e-7)
+
+    cases = _collapse_cases()
+    run_cases("collapse", collapse, cases, check_one)
+    alphas, Vs, cs = cases[2].args
+    X = torch.randn(alphas[0].shape[0], Vs[0].shape[1],
+                    generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    alpha_star, V_star, c_star = (
+        t.detach().double() for t in call_learner(collapse, cases[2]))
+    gap = float((alpha_star @ X @ V_star.T + c_star - _stack_out(alphas, Vs, cs, X)).abs().max())
+    print(f"   On the case '{cases[2].name}', alpha* X V*^T + c* and the three layers run one "
+          f"after another differ by {gap:.1e} at most: rounding, nothing more.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -396,64 +396,81 @@ def check_fixed_attention(layer_class: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 6.2 (predict, then verify): one divisor for every head size
+# Exercise 6.2 (predict, then verify): the divisor at initialisation. A fresh
+# MultiHeadAttention(576, 16) has nn.Linear's default weights, uniform on (-1/sqrt(D), 1/sqrt(D)),
+# variance 1/(3D): an entry of q or k has variance D / (3D) = 1/3 (biases add 1/(3D)), a head's
+# dot product 36 * (1/3)^2 = 4, the scores q.k / 6 have variance 4/36 = 1/9, and the divisor
+# sqrt(4) = 2 gives them variance 1.
 
+INIT_D_MODEL, INIT_HEADS = 576, 16
+INIT_D_HEAD = INIT_D_MODEL // INIT_HEADS  # 36: the layer divides by sqrt(36) = 6
 _PREDICTION_SETTING = (
-    "D = 512, 32 heads of Dh = 16, scores still divided by sqrt(64) = 8, queries and keys with "
-    "independent entries of mean 0 and variance 1"
+    "course_lib.MultiHeadAttention(576, 16) as built, heads of Dh = 36, scores divided by "
+    "sqrt(36) = 6, weights uniform on (-1/sqrt(576), 1/sqrt(576)), inputs with independent "
+    "entries of mean 0 and variance 1"
 )
 VARIANCE_MISTAKES = {
-    1.0: "You assumed the divisor 8 still makes the variance 1. It was chosen for heads of 64: "
-         "a head's dot product sums Dh products of variance 1, so its variance is Dh = 16 now",
-    2.0: "You divided the variance by 8. Dividing the scores by 8 divides their variance by "
-         "8 squared, 64",
-    0.5: "0.5 is the standard deviation (4 / 8). The variance is its square",
-    16.0: "16 is the variance of the dot products before the division by 8",
-    64.0: "64 was the dot products' variance with the old heads of 64; the new heads have 16 "
-          "features",
-    1 / 16: "1/16 is the lecture's number for 16 heads of 16 divided by sqrt(256) = 16. Here "
-            "the divisor is 8, which divides the variance (Dh = 16) by 64",
-    1 / 32: "You divided by d_model (512). The divisor is sqrt(64) = 8, so the variance is "
-            "divided by 64",
+    1.0: "1 is the lecture's answer for queries and keys whose entries have variance 1. A "
+         "fresh layer's do not: an entry of q is a sum of 576 products w_j x_j, each w_j "
+         "uniform on (-1/24, 1/24)",
+    1 / 3: "1/3 is the variance of one entry of q (or of k). A score multiplies a query entry "
+           "by a key entry, and a product of two independent numbers of mean 0 has the product "
+           "of their variances",
+    4.0: "4 is the variance of the dot products q.k, before the layer divides them by 6",
+    1 / 144: "A uniform number on (-a, a) has variance a^2 / 3 (the formula (b - a)^2 / 12 "
+             "with the width 2a), not a^2 / 12",
+    16 / 9: "You summed over all 576 features. A head dots its own 36 query and key features",
+    1 / 324: "You divided 1/9, the variance of one product q_i k_i, by 36; but a score first "
+             "sums 36 such products (variance 36/9 = 4), and only then is divided by 6",
 }
 DIVISOR_MISTAKES = {
-    8.0: "8 is the old divisor, made for heads of 64 features",
-    16.0: "Dividing by Dh itself gives a variance of 16 / 16^2 = 1/16. Divide by the standard "
-          "deviation of the dot products, sqrt(Dh)",
-    math.sqrt(512): "sqrt(d_model) belongs to one head of width d_model; each head here dots "
-                    "16-dimensional vectors",
-    2.0: "With divisor 2 the variance is 16 / 4 = 4, not 1",
-    0.5: "A divisor below 1 makes the scores larger; the variance must go from 16 down to 1",
+    6.0: "6 = sqrt(Dh) is the layer's divisor, right for unit-variance queries and keys. Here "
+         "the dot products have variance 4, not 36",
+    1 / 3: "1/3 is the factor by which the divisor must change, 6 * (1/3); the question asks "
+           "for the divisor itself",
+    4.0: "4 is the variance of the dot products; divide by their standard deviation",
+    24.0: "sqrt(576) = 24 belongs to one head of width d_model; each head here dots 36 features",
+    12.0: "With divisor 12 = Dh / 3 the variance is 4 / 144, far below 1: divide by the "
+          "standard deviation of the dot products",
+    1.0: "Without a divisor the scores keep the dot products' variance, 4",
 }
 
 
 def _grade_one(value: float, expected: float, mistakes: dict[float, str], what: str) -> None:
-    if math.isclose(value, expected, rel_tol=0.1):
+    if math.isclose(value, expected, rel_tol=0.05):
         return
     for wrong, message in mistakes.items():
         if math.isclose(value, wrong, rel_tol=0.05):
             raise CheckFailure(f"Your {what} is {value:g}. {message}")
     raise CheckFailure(f"Your {what} is {value:g}, which does not match the setting "
-                       f"({_PREDICTION_SETTING}). Work it out from two facts: a dot product "
-                       "of n independent products of variance 1 has variance n, and dividing "
+                       f"({_PREDICTION_SETTING}). Work it out in three steps: the variance of "
+                       "one weight, of one entry of q, then of a head's dot product; dividing "
                        "a number by c divides its variance by c squared")
 
 
-def measured_score_stats(divisor: float, *, d_head: int = 16, n_heads: int = 32,
-                         n_keys: int = 64) -> tuple[float, float]:
-    """Variance of the scores q.k / divisor and mean entropy (nats) of each query's weights,
-    for random unit-variance queries and keys (seeded)."""
-    gen = torch.Generator().manual_seed(62)
-    q, k = (torch.randn(20, n_heads, n_keys, d_head, generator=gen) for _ in range(2))
-    scores = q @ k.transpose(-2, -1) / divisor  # (N, H, T, S)
+def measured_score_stats(divisor: float, *, seed: int = 62, n_keys: int = 64
+                         ) -> tuple[float, float]:
+    """Variance of one head's scores q.k / divisor and the mean entropy (nats) of each query's
+    weights, for a freshly built MultiHeadAttention(576, 16) (weights drawn from ``seed``, the
+    learner's random stream left alone) on inputs with unit-variance entries."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layer = MultiHeadAttention(INIT_D_MODEL, INIT_HEADS)
+    x = torch.randn(8, n_keys, INIT_D_MODEL,  # a stream of its own, not the weights'
+                    generator=torch.Generator().manual_seed(seed + 1000))
+    with torch.no_grad():
+        q, k, _ = layer.qkv_proj(x).chunk(3, dim=-1)  # (B, T, D) each
+    q, k = (split_heads(t, INIT_HEADS) for t in (q, k))  # (B, H, T, Dh)
+    scores = q @ k.transpose(-2, -1) / divisor  # (B, H, T, S)
     weights = torch.softmax(scores, dim=-1)
     return float(scores.var()), float(torch.special.entr(weights).sum(-1).mean())
 
 
 def check_scale_predictions(predictions: Callable) -> None:
-    """Check ``predictions()`` -> (variance, divisor): the variance of one head's scores in
-    the setting of exercise 6.2, and the divisor that brings it back to 1; then print the
-    measurement.
+    """Check ``predictions()`` -> (variance, divisor): the variance of one head's scores of a
+    freshly built ``MultiHeadAttention(576, 16)`` (divisor 6), and the divisor that would make
+    it 1; then print the measurement. Both are numbers: ``(1/9, 2)`` and ``(0.111, 2.0)`` are
+    the same answer.
 
     Args:
         predictions: the learner's function of no arguments.
@@ -464,16 +481,16 @@ def check_scale_predictions(predictions: Callable) -> None:
         raise CheckFailure(f"predictions() should return two numbers, (variance, divisor), "
                            f"but returned {describe(got)}")
     variance = require_number(got[0], "the predicted variance", case)  # any real number:
-    divisor = require_number(got[1], "the divisor", case)  # 4 and 4.0 are the same answer
-    _grade_one(variance, 16 / 64, VARIANCE_MISTAKES, "predicted variance with divisor 8")
-    _grade_one(divisor, 4.0, DIVISOR_MISTAKES, "divisor")
-    (var_8, ent_8), (var_4, ent_4) = measured_score_stats(8.0), measured_score_stats(4.0)
-    print(f"\u2705 Your predictions hold: variance {variance:g} with divisor 8, and divisor "
-          f"{divisor:g} brings it back to 1.\nMeasured on random queries and keys (32 heads "
-          f"of 16, 64 keys): score variance {var_8:.2f} with divisor 8, {var_4:.2f} with "
-          f"divisor 4; entropy of the weights {ent_8:.2f} and {ent_4:.2f} nats (uniform "
-          f"weights: log 64 = {math.log(64):.2f}), so the old divisor leaves every head "
-          "closer to averaging everything.")
+    divisor = require_number(got[1], "the divisor", case)  # 2 and 2.0 are the same answer
+    _grade_one(variance, 1 / 9, VARIANCE_MISTAKES, "predicted variance with divisor 6")
+    _grade_one(divisor, 2.0, DIVISOR_MISTAKES, "divisor")
+    (var_6, ent_6), (var_2, ent_2) = measured_score_stats(6.0), measured_score_stats(2.0)
+    print(f"\u2705 Your predictions hold: variance {variance:.3g} with divisor 6, and divisor "
+          f"{divisor:g} brings it to 1.\nMeasured on a fresh MultiHeadAttention(576, 16), 64 "
+          f"keys: score variance {var_6:.3f} with divisor 6, {var_2:.2f} with divisor 2; entropy "
+          f"of the weights {ent_6:.2f} and {ent_2:.2f} nats (uniform weights: log 64 = "
+          f"{math.log(64):.2f}), so at initialisation every head starts close to averaging "
+          "everything, whatever its size.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Checks for chapter 07, norms, residuals, scaling and dropout: LayerNorm from its equations
 (and RMSNorm, which the lecture builds), a whole stack of residual sublayers in either order
-(pre-norm with its final norm, or post-norm), a pre-norm block with a planted bug graded by
-equality with course_lib's block (and located by ``first_divergence``), the per-layer gradient
-norms of a stack, inverted dropout with its train/eval switch and its independent draws, and
+(pre-norm with its final norm, or post-norm), a pre-norm block whose dropout sits in the wrong
+place, graded by equality with course_lib's block in eval and in training mode from the same
+seeds, the per-layer gradient norms of a stack, drop path (one coin per example, inverted
+scaling, a train/eval switch, independent draws), and
 the 1/sqrt(2N) initialisation as an experiment graded by the properties of its measurements,
 and learning-rate warm-up: the schedule, then a sweep over warm-up lengths graded by what it
 measured (no warm-up stalls at a high peak, a long enough warm-up trains)."""
@@ -29,6 +30,8 @@ from course_lib.layers import layer_norm, rms_norm
 from course_lib.models import DecoderLM
 
 from ._core import (
+    ATOL,
+    RTOL,
     Case,
     CheckFailure,
     Misconception,
@@ -820,7 +823,8 @@ def check_layer_grad_norms(layer_grad_norms: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 7.5: dropout(x, p, training)
+# Exercise 7.5: drop_path(branch, p, training), stochastic depth: each example's whole residual
+# branch is zeroed with probability p (one coin per example) and kept ones are divided by 1 - p.
 
 N_REPEATS = 200
 
@@ -834,31 +838,30 @@ def _check_eval(got: torch.Tensor, x: torch.Tensor, p: float, case: Case) -> Non
         return
     if p > 0 and torch.allclose(got, x * (1 - p)):
         raise _fail("With training=False your function returns x * (1 - p): that is the old, "
-                    "non-inverted dropout. With inverted dropout the kept values are scaled "
-                    "by 1 / (1 - p) during training, so at evaluation x is returned unchanged",
-                    case)
+                    "non-inverted scaling. The kept branches are scaled by 1 / (1 - p) during "
+                    "training, so at evaluation the branch is returned unchanged", case)
     if bool(((got == 0) & (x != 0)).any()):
-        raise _fail("With training=False your function still drops values. Dropout is only "
-                    "applied during training; at evaluation return x unchanged. (This is the "
-                    "classic F.dropout(x, p) bug: its training argument defaults to True)", case)
-    raise _fail("With training=False your function must return x unchanged, but it changed the "
-                "values", case)
+        raise _fail("With training=False your function still drops values. Drop path, like "
+                    "dropout, acts only during training; at evaluation return the branch "
+                    "unchanged", case)
+    raise _fail("With training=False your function must return the branch unchanged, but it "
+                "changed the values", case)
 
 
 def _check_kept_values(got: torch.Tensor, x: torch.Tensor, p: float, case: Case) -> None:
     kept = got != 0
     if not bool(kept.any()):
-        raise _fail(f"Every value was dropped with p = {p}: keep each element with "
+        raise _fail(f"Every value was dropped with p = {p}: keep each example's branch with "
                     "probability 1 - p", case)
     ratio = got[kept] / x[kept]
     scale = 1 / (1 - p)
     for value, message in (
-        (1.0, "The values you keep are unchanged: with inverted dropout they must be divided "
-              "by (1 - p), so that the expected value of every element stays x "
-              "((1 - p) * x / (1 - p) + p * 0 = x) and evaluation needs no rescaling"),
-        (1 - p, "You multiplied the kept values by (1 - p); divide by (1 - p) instead"),
-        (1 / p if p > 0 else math.inf, "You divided the kept values by p; divide by (1 - p), "
-                                       "the probability of KEEPING an element"),
+        (1.0, "The branches you keep are unchanged: divide them by (1 - p), so that the "
+              "expected value of every element stays x ((1 - p) * x / (1 - p) + p * 0 = x) "
+              "and evaluation needs no rescaling"),
+        (1 - p, "You multiplied the kept branches by (1 - p); divide by (1 - p) instead"),
+        (1 / p if p > 0 else math.inf, "You divided the kept branches by p; divide by (1 - p), "
+                                       "the probability of KEEPING a branch"),
     ):
         if abs(value - scale) > 1e-3 and torch.allclose(ratio, torch.full_like(ratio, value),
                                                         rtol=1e-4):
@@ -868,146 +871,185 @@ def _check_kept_values(got: torch.Tensor, x: torch.Tensor, p: float, case: Case)
                     "other value 0; some of yours are neither", case)
 
 
-def _check_fraction(got: torch.Tensor, p: float, case: Case) -> None:
-    dropped = float((got == 0).float().mean())
-    if abs(dropped - p) < 0.02:
+def _dropped(got: torch.Tensor) -> torch.Tensor:
+    """(B, n) booleans: which values of each example were zeroed."""
+    return (got == 0).reshape(got.shape[0], -1)
+
+
+def _check_per_example(got: torch.Tensor, case: Case) -> None:
+    """Each example all dropped or all kept; name the unit that was used otherwise."""
+    per_example = _dropped(got)
+    whole = per_example.all(-1) | ~per_example.any(-1)  # (B,)
+    if bool(whole.all()):
         return
-    if abs(dropped - (1 - p)) < 0.02:
-        raise _fail(f"You dropped {dropped:.1%} of the values with p = {p}: p is the probability "
-                    "of DROPPING (zeroing) an element, so keep an element when "
-                    "torch.rand(...) >= p (equivalently, < 1 - p)", case)
-    raise _fail(f"You dropped {dropped:.1%} of the values, but with p = {p} about {p:.0%} "
-                "should be zeroed, each element independently", case)
+    if got.dim() >= 3:
+        rows = (got == 0).reshape(*got.shape[:2], -1)  # (B, T, n)
+        if bool((rows.all(-1) | ~rows.any(-1)).all()):
+            raise _fail("You drop whole positions, one coin per example AND position: drop "
+                        "path decides once per example, for all its positions and features "
+                        "together (the mask has size 1 on every axis but the first)", case)
+    columns = per_example.all(0) | ~per_example.any(0)  # (n,): the same in every example
+    if bool(columns.all()):
+        raise _fail("Every example drops the same features: your coins are drawn along the "
+                    "wrong axis. Draw one per example (along the first axis), shared by all of "
+                    "that example's values", case)
+    raise _fail("You drop single values, as dropout does: drop path zeroes an example's whole "
+                "branch or keeps all of it, one coin per example", case)
 
 
-def _check_independent(got: torch.Tensor, again: torch.Tensor, case: Case) -> None:
-    dropped = got == 0
-    rows = dropped.float().mean(-1)
-    if bool(((rows == 0) | (rows == 1)).all()):
-        raise _fail("You drop whole rows at once: draw one random number per ELEMENT "
-                    "(torch.rand_like(x)), not one per row", case)
-    if torch.equal(dropped, again == 0):
-        raise _fail("Two calls on the same input dropped exactly the same elements: draw a new "
-                    "random mask at every call (do not call torch.manual_seed inside your "
+def _check_example_fraction(got: torch.Tensor, again: torch.Tensor, p: float,
+                            case: Case) -> None:
+    dropped = _dropped(got).all(-1)  # (B,): examples whose branch was zeroed
+    if bool(dropped.all()) or not bool(dropped.any()):
+        raise _fail(f"Your function {'dropped' if bool(dropped.all()) else 'kept'} every "
+                    "example's branch in the same call: one coin for the whole batch. Draw one "
+                    "per example", case)
+    if torch.equal(dropped, _dropped(again).all(-1)):
+        raise _fail("Two calls on the same input dropped exactly the same examples: draw new "
+                    "coins at every call (do not call torch.manual_seed inside your "
                     "function)", case)
+    fraction = float(dropped.float().mean())
+    if abs(fraction - (1 - p)) < 0.02 and abs(p - 0.5) > 0.05:
+        raise _fail(f"You dropped {fraction:.1%} of the examples with p = {p}: p is the "
+                    "probability of DROPPING a branch", case)
+    if abs(fraction - p) >= 0.02:
+        raise _fail(f"You dropped {fraction:.1%} of the examples, but with p = {p} about "
+                    f"{p:.0%} of them should lose their branch, each independently", case)
 
 
-REPEATED_CASE = f"training, p=0.5, 64 values, {N_REPEATS} calls"
+REPEATED_CASE = f"training, p=0.5, 64 examples, {N_REPEATS} calls"
 
 
-def _check_count_varies(dropout: Callable, got: torch.Tensor, case: Case) -> None:
-    """Each element is dropped independently, so the NUMBER dropped is binomial: over many
-    calls it varies, with a standard deviation of sqrt(n p (1 - p)) (4 for n = 64, p = 0.5)."""
+def _check_count_varies(drop_path: Callable, got: torch.Tensor, case: Case) -> None:
+    """Each example is dropped independently, so the NUMBER dropped is binomial: over many
+    calls it varies, with a standard deviation of sqrt(B p (1 - p)) (4 for B = 64, p = 0.5)."""
     x, p, _ = case.args
-    counts = [float((got == 0).sum())]
+    counts = [float(_dropped(got).all(-1).sum())]
     for _ in range(N_REPEATS - 1):
-        counts.append(float((call_learner(dropout, case) == 0).sum()))
+        counts.append(float(_dropped(call_learner(drop_path, case)).all(-1).sum()))
     spread = float(torch.tensor(counts).std())
-    expected = math.sqrt(x.numel() * p * (1 - p))
+    expected = math.sqrt(x.shape[0] * p * (1 - p))
     if spread < expected / 4:
-        raise _fail(f"Your function dropped {counts[0]:.0f} of {x.numel()} values at every one "
-                    f"of {N_REPEATS} calls (spread {spread:.2f}). Dropout decides for each "
-                    "element independently, so the number dropped varies from call to call, "
-                    f"like a binomial (standard deviation sqrt(n p (1 - p)) = {expected:.1f} "
-                    "here). Dropping exactly round(p * n) chosen elements is not dropout: draw "
-                    "one random number per element and compare it with p", case)
+        raise _fail(f"Your function dropped {counts[0]:.0f} of {x.shape[0]} examples at every "
+                    f"one of {N_REPEATS} calls (spread {spread:.2f}). Each example gets its own "
+                    "coin, so the number dropped varies from call to call like a binomial "
+                    f"(standard deviation sqrt(B p (1 - p)) = {expected:.1f} here)", case)
 
 
-def _dropout_cases(seed: int) -> list[Case]:
+_SHAPE_HINT = ("the coins' tensor needs one entry per example and size 1 on every other axis, "
+               "however many axes the branch has")
+
+
+def _drop_path_cases(seed: int) -> list[Case]:
     gen = torch.Generator().manual_seed(seed)
-    big = rand(gen, 400, 250) + 0.1  # 100,000 values, none of them 0
+    big = rand(gen, 10_000, 2, 5) + 0.1  # 10,000 examples, no value 0
     return [
-        Case("eval mode, p=0.5", (rand(gen, 4, 6), 0.5, False)),
-        Case("training, p=0.5, 100,000 values", (big, 0.5, True)),
-        Case("training, p=0.2, 100,000 values", (big, 0.2, True)),
-        Case("training, p=0.9, 100,000 values", (big, 0.9, True)),
-        Case("training, p=0", (rand(gen, 3, 5), 0.0, True)),
-        Case("eval mode, p=0.3, batched (2, 3, 4)", (rand(gen, 2, 3, 4), 0.3, False)),
-        Case("training, p=0.3, a 1-D tensor of 7 values", (rand(gen, 7) + 3.0, 0.3, True)),
-        Case(REPEATED_CASE, (rand(gen, 4, 16) + 3.0, 0.5, True)),
+        Case("eval mode, p=0.5, (4, 3, 6)", (rand(gen, 4, 3, 6), 0.5, False)),
+        Case("training, p=0.5, 10,000 examples of (2, 5)", (big, 0.5, True), hint=_SHAPE_HINT),
+        Case("training, p=0.2, 10,000 examples of (2, 5)", (big, 0.2, True)),
+        Case("training, p=0.9, 10,000 examples of (2, 5)", (big, 0.9, True)),
+        Case("training, p=0", (rand(gen, 3, 4, 5), 0.0, True)),
+        Case("training, p=0.3, 2-D branch (300, 8)", (rand(gen, 300, 8) + 3.0, 0.3, True),
+             hint=_SHAPE_HINT),
+        Case("training, p=0.4, 4-D branch (400, 2, 3, 2)",
+             (rand(gen, 400, 2, 3, 2) + 3.0, 0.4, True), hint=_SHAPE_HINT),
+        Case("eval mode, p=0.3, 2-D (3, 4)", (rand(gen, 3, 4), 0.3, False)),
+        Case(REPEATED_CASE, (rand(gen, 64, 3, 4) + 3.0, 0.5, True)),
     ]
 
 
-def check_dropout(dropout: Callable) -> None:
-    """Check ``dropout(x, p, training)``: inverted dropout. In training each element is zeroed
-    with probability p and the others are divided by (1 - p); otherwise x is returned unchanged.
+def check_drop_path(drop_path: Callable) -> None:
+    """Check ``drop_path(branch, p, training)``: in training each example's whole branch (all
+    of ``branch[b]``) is zeroed with probability p, the others divided by (1 - p); otherwise
+    the branch is returned unchanged. Judged by statistics of many draws, not one mask.
 
     The learner's function draws random numbers; the check seeds torch's generator for its own
     calls and restores the learner's random state afterwards.
 
     Args:
-        dropout: the learner's function.
+        drop_path: the learner's function.
     """
 
     def check_one(got: Any, case: Case) -> None:
         x, p, training = case.args
         if not isinstance(got, torch.Tensor) or got.shape != x.shape:
-            raise _fail(f"Your function should return a tensor of x's shape {tuple(x.shape)}, "
-                        f"but returned {describe(got)}", case)
+            hint = (f": {_SHAPE_HINT}" if isinstance(got, torch.Tensor)
+                    and got.dim() != x.dim() else "")
+            raise _fail(f"Your function should return a tensor of the branch's shape "
+                        f"{tuple(x.shape)}, but returned {describe(got)}{hint}", case)
         if not training:
             _check_eval(got, x, p, case)
             return
         if p == 0:
             if not torch.equal(got, x):
                 raise _fail("With p = 0 nothing is dropped and 1 / (1 - p) = 1: the output must "
-                            "equal x", case)
+                            "equal the branch", case)
             return
         _check_kept_values(got, x, p, case)
+        _check_per_example(got, case)
         if case.name == REPEATED_CASE:
-            _check_count_varies(dropout, got, case)
-        if x.numel() >= 10_000:
-            _check_independent(got, call_learner(dropout, case), case)
-            _check_fraction(got, p, case)
+            _check_count_varies(drop_path, got, case)
+        elif x.shape[0] >= 10_000:  # enough examples for a fraction within 0.02 (4 sd)
+            _check_example_fraction(got, call_learner(drop_path, case), p, case)
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(75)
-        run_cases("dropout", dropout, _dropout_cases(seed=75), check_one)
+        run_cases("drop_path", drop_path, _drop_path_cases(seed=75), check_one)
+    print("   In a block, x + drop_path(f(LN(x)), p, training) leaves the stream of a dropped "
+          "example untouched: for that example the whole block is skipped.")
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 7.3 (find the bug): a pre-norm block written out by hand
+# Exercise 7.3 (find the bug): a pre-norm block with dropout that agrees with the reference in
+# eval mode; its bug (dropout on the stream, not on the sublayer's output) shows only in
+# training mode. Both blocks are run from the same seed, so they draw the same masks.
 
 
 _INSTRUMENT = ("Instrument: equality with the reference, course_lib's "
-               "EncoderBlock(norm_first=True) with your block's weights copied in; "
-               "course_lib.instruments.divergence.first_divergence(reference, your_block, run) "
-               "locates the first submodule whose output differs")
+               "EncoderBlock(norm_first=True, dropout=p) with your block's weights copied in, "
+               "run in training mode from the same seed (torch.manual_seed before each call), "
+               "so that both draw the same dropout masks; in eval mode every dropout is off "
+               "and such a comparison cannot see where a dropout sits")
 
 
-def _pre_norm_variants(ref: EncoderBlock, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What plausible wrong fixes compute, from the reference block's own sublayers."""
+def _pre_norm_variants(ref: EncoderBlock, x: torch.Tensor, seed: int
+                       ) -> dict[str, torch.Tensor]:
+    """What plausible wrong fixes compute in training mode, from the reference block's own
+    sublayers, each drawn from ``seed`` as the learner's block is."""
     def attn(h: torch.Tensor) -> torch.Tensor:
         return ref.self_attn(h)[0]  # (B, T, D)
 
-    a_pre = x + attn(ref.attn_norm(x))  # the first step, done right
-    a_post = ref.attn_norm(x + attn(x))
-    right = a_pre + ref.ff(ref.ff_norm(a_pre))
-    return {
-        "unchanged": ref.ff_norm(a_pre + ref.ff(a_pre)),
-        "post-norm": ref.ff_norm(a_post + ref.ff(a_post)),
-        "output normalised": ref.ff_norm(right),
-        "no residual": ref.ff(ref.ff_norm(a_pre)),
-        "normalised stream": ref.ff_norm(a_pre) + ref.ff(ref.ff_norm(a_pre)),
-        "output of ff normalised": a_pre + ref.ff_norm(ref.ff(a_pre)),
+    drop, ln1, ln2, ff = ref.dropout, ref.attn_norm, ref.ff_norm, ref.ff
+    steps = {
+        "unchanged": lambda: (h := drop(x + attn(ln1(x)))) + drop(ff(ln2(h))),
+        "both streams dropped": lambda: drop((h := drop(x + attn(ln1(x)))) + ff(ln2(h))),
+        "no dropout": lambda: (h := x + attn(ln1(x))) + ff(ln2(h)),
+        "inputs dropped": lambda: (h := x + attn(drop(ln1(x)))) + ff(drop(ln2(h))),
+        "one dropout": lambda: (h := x + drop(attn(ln1(x)))) + ff(ln2(h)),
     }
+    out = {}
+    for name, step in steps.items():
+        torch.manual_seed(seed)
+        out[name] = step()
+    return out
 
 
 _PRE_NORM_MESSAGES = {
-    "unchanged": "Your block still computes what the buggy block computes: one of its two steps "
-                 "is not in the pre-norm order x + f(LN(x)) of eq. 30. Compare each step with "
-                 "the equation",
-    "post-norm": "Your block is now post-norm in BOTH steps, LN(x + f(x)) (eq. 31). The block "
-                 "is meant to be pre-norm, x + f(LN(x)) (eq. 30): fix the step that differs "
-                 "from the other instead",
-    "output normalised": "Your block normalises its output: a pre-norm block never normalises "
-                         "the stream itself. The final LayerNorm belongs to the model, once, after "
-                         "the last block",
-    "no residual": "Your feed-forward step lost its residual connection: add the stream back, "
-                   "x + f(LN(x))",
-    "normalised stream": "Your residual adds the NORMALISED stream, LN(x) + f(LN(x)): the residual "
-                         "connection carries x itself, x + f(LN(x))",
-    "output of ff normalised": "You normalised the feed-forward network's OUTPUT, x + LN(f(x)): "
-                               "pre-norm normalises its INPUT, x + f(LN(x))",
+    "unchanged": "In training mode your block still computes what the buggy block computes: "
+                 "its first step drops values of the stream itself, x + a, so parts of the "
+                 "residual stream vanish. Dropout belongs on the sublayer's output before it "
+                 "joins the stream, x + dropout(f(LN(x)))",
+    "both streams dropped": "Your block drops values of the stream itself (after an addition). "
+                            "Dropout belongs on each sublayer's output before it joins the "
+                            "stream, x + dropout(f(LN(x))), so the stream passes untouched",
+    "no dropout": "Your block has no dropout on its residual branches: in training it must drop "
+                  "each sublayer's output before adding it, x + dropout(f(LN(x))), as "
+                  "EncoderBlock(dropout=p) does",
+    "inputs dropped": "Your block drops the sublayers' INPUTS, f(dropout(LN(x))). The reference "
+                      "(and the original Transformer) drops each sublayer's OUTPUT before it "
+                      "joins the stream, x + dropout(f(LN(x)))",
+    "one dropout": "Only your attention step drops its output; the feed-forward step must too, "
+                   "x + dropout(f(LN(x))) for both sublayers",
 }
 
 
@@ -1023,9 +1065,10 @@ def _locate(ref: nn.Module, block: nn.Module, x: torch.Tensor) -> str:
         return f"(the locator could not run: {exc})"
 
 
-def _build_block(block_cls: Callable, d: int, n_heads: int, ref: EncoderBlock) -> nn.Module:
+def _build_block(block_cls: Callable, d: int, n_heads: int, p: float,
+                 ref: EncoderBlock) -> nn.Module:
     block = call_learner(block_cls, Case(
-        "building the block", (d, n_heads),
+        "building the block", (d, n_heads, p),
         hint="keep the buggy block's __init__ (subclass it and override forward only)"))
     if not isinstance(block, nn.Module):
         raise CheckFailure(f"expected an nn.Module class, got {describe(block)}")
@@ -1035,63 +1078,89 @@ def _build_block(block_cls: Callable, d: int, n_heads: int, ref: EncoderBlock) -
                            f"{sorted(theirs - mine)[:4]}, extra {sorted(mine - theirs)[:4]}. "
                            "Keep its __init__ and fix forward only")
     block.load_state_dict(ref.state_dict())
-    return block.eval()
+    return block
 
 
 def check_pre_norm_block(block_cls: Callable) -> None:
-    """Check a fixed pre-norm block: ``block_cls(d_model, n_heads)`` with the attributes
-    ``self_attn``, ``attn_norm``, ``ff``, ``ff_norm``, whose ``forward(x)`` returns (B, T, D).
-    It is compared with course_lib's ``EncoderBlock(norm_first=True)`` holding the same
-    weights on several inputs; on a difference the message recognises common wrong fixes and
-    adds the report of ``first_divergence``.
+    """Check a fixed pre-norm block with dropout: ``block_cls(d_model, n_heads, dropout)`` with
+    the attributes ``self_attn``, ``attn_norm``, ``ff``, ``ff_norm``, ``dropout``, whose
+    ``forward(x)`` returns (B, T, D). It is compared with course_lib's
+    ``EncoderBlock(norm_first=True, dropout=p)`` holding the same weights, in eval mode and then
+    in training mode from the same seeds; a difference in training mode is matched against
+    common wrong placements of the dropout.
 
     Args:
         block_cls: the learner's block class.
     """
     gen = torch.Generator().manual_seed(76)
-    specs = [("(2, 5, 16), 2 heads, input of size 3 with offset 1", (2, 5, 16), 2, 3.0, 1.0),
-             ("(1, 7, 32), 4 heads, input of size 1", (1, 7, 32), 4, 1.0, 0.0),
-             ("(3, 1, 16), one position", (3, 1, 16), 2, 2.0, -1.0),
-             ("(2, 6, 8), 1 head, a large input", (2, 6, 8), 1, 20.0, 5.0)]
+    specs = [("(2, 5, 16), 2 heads, p=0.1", (2, 5, 16), 2, 0.1),
+             ("(1, 7, 32), 4 heads, p=0.5", (1, 7, 32), 4, 0.5),
+             ("(3, 1, 16), one position, p=0.3", (3, 1, 16), 2, 0.3),
+             ("(2, 6, 8), 1 head, p=0.2, a large input", (2, 6, 8), 1, 0.2)]
     cases = []
     with torch.random.fork_rng(devices=[]):  # leave the learner's random stream alone
-        for i, (name, shape, heads, scale, offset) in enumerate(specs):
+        for i, (name, shape, heads, p) in enumerate(specs):
             torch.manual_seed(760 + i)
-            ref = EncoderBlock(shape[-1], heads, norm_first=True).eval()
+            ref = EncoderBlock(shape[-1], heads, dropout=p, norm_first=True)
             with torch.no_grad():  # random gains and biases, so that a misplaced norm shows
                 for norm in (ref.attn_norm, ref.ff_norm):
                     norm.weight.copy_(1 + 0.5 * torch.randn(shape[-1]))
                     norm.bias.copy_(0.5 * torch.randn(shape[-1]))
-            cases.append((Case(name, (rand(gen, *shape, scale=scale) + offset,)), ref, heads))
-    with torch.random.fork_rng(devices=[]):  # building the learner's blocks draws numbers too
-        for case, ref, heads in cases:
-            _compare_block(block_cls, case, ref, heads)
-    labels = "; ".join(c.name for c, _, _ in cases)
-    print(f"\u2705 your block equals course_lib's pre-norm EncoderBlock with the same weights on "
-          f"all {len(cases)} inputs ({labels})")
+            scale = 20.0 if "large" in name else 1.0
+            cases.append((Case(name, (rand(gen, *shape, scale=scale),)), ref, heads, p))
+    with torch.random.fork_rng(devices=[]):  # building and running blocks draws numbers too
+        for case, ref, heads, p in cases:
+            _compare_block(block_cls, case, ref, heads, p)
+    labels = "; ".join(c.name for c, _, _, _ in cases)
+    print(f"\u2705 your block equals course_lib's pre-norm EncoderBlock(dropout=p) with the same "
+          f"weights, in eval mode and in training mode from the same seeds, on all "
+          f"{len(cases)} inputs ({labels})")
 
 
-def _compare_block(block_cls: Callable, case: Case, ref: EncoderBlock, heads: int) -> None:
-    """Build the learner's block with the reference's weights and compare one input."""
+def _compare_block(block_cls: Callable, case: Case, ref: EncoderBlock, heads: int,
+                   p: float) -> None:
+    """Build the learner's block with the reference's weights and compare one input, in eval
+    mode, then in training mode from three seeds."""
     (x,) = case.args
-    block = _build_block(block_cls, x.shape[-1], heads, ref)
+    block = _build_block(block_cls, x.shape[-1], heads, p, ref)
     with torch.no_grad():
+        block.eval()
+        ref.eval()
         got = call_learner(block, case, fn_name="your block")
         if isinstance(got, tuple) and got and isinstance(got[0], torch.Tensor):
             got = got[0]  # (out, weights), as EncoderBlock returns: the output is enough
         expected = ref(x)[0]  # (B, T, D)
-        variants = _pre_norm_variants(ref, x)
-    mistakes = [Misconception(lambda *args, v=v: v, _PRE_NORM_MESSAGES[k])
-                for k, v in variants.items()]
-    try:
-        compare_tensors(got, expected, case, what="Your block's output",
-                        misconceptions=mistakes)
-    except CheckFailure as failure:
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
-            with torch.no_grad():
-                report = _locate(ref, block, x)
-            raise CheckFailure(f"{failure}\n{_INSTRUMENT}; here it says:\n{report}") from None
-        raise
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.allclose(
+                got, expected, atol=ATOL, rtol=RTOL):
+            if not torch.equal(got, call_learner(block, case, fn_name="your block")):
+                raise CheckFailure(
+                    f"In eval mode your block gives a different output at every call (case "
+                    f"'{case.name}'): something still drops values. F.dropout's training "
+                    "argument defaults to True; the block's own self.dropout (an nn.Dropout) "
+                    "follows .eval()")
+            raise CheckFailure(f"In eval mode, where no dropout acts, your block differs from "
+                               f"the reference (case '{case.name}'): keep the buggy block's "
+                               f"norms and residual additions as they are.\n"
+                               f"{_locate(ref, block, x)}")
+        compare_tensors(got, expected, case, what="Your block's output in eval mode")
+        block.train()
+        ref.train()
+        for seed in (0, 1, 2):
+            torch.manual_seed(seed)
+            expected = ref(x)[0]  # (B, T, D): the masks drawn from this seed
+            torch.manual_seed(seed)
+            got = call_learner(block, case, fn_name="your block")
+            if isinstance(got, tuple) and got and isinstance(got[0], torch.Tensor):
+                got = got[0]
+            variants = _pre_norm_variants(ref, x, seed)
+            mistakes = [Misconception(lambda *args, v=v: v, _PRE_NORM_MESSAGES[k])
+                        for k, v in variants.items()]
+            try:
+                compare_tensors(got, expected, case,
+                                what=f"Your block's output in training mode (seed {seed})",
+                                misconceptions=mistakes)
+            except CheckFailure as failure:
+                raise CheckFailure(f"{failure}\n{_INSTRUMENT}") from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,22 +1,27 @@
-"""Checks for chapter 09, training Transformers: the language-model loss with shifted targets,
-the sampling distribution (temperature, top-k, top-p), a greedy decoding loop for an
-encoder-decoder, a planted bug in the alignment score of cross-attention, one step of attention
-with a key/value cache, a prediction of the cache's bytes per token, and the capstone: the
-learner's own GPT, compared part by part with course_lib's DecoderLM under copied weights, then
-trained on Shakespeare's characters with the learner's loop."""
+"""Checks for chapter 09, training Transformers: the language-model loss on right-padded
+sequences, the sampling distribution (temperature, top-k, top-p), a greedy decoding loop for an
+encoder-decoder, a planted bug in the alignment score of cross-attention (a batch that exposes
+it, and the fix), one step of attention with a key/value cache, a prediction of the cache's
+bytes after a generation, and the capstone: the learner's own GPT, compared part by part with
+course_lib's DecoderLM under copied weights, then trained on Shakespeare's characters with the
+learner's loop."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import math
 import numbers
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
+from course_lib import generation
 from course_lib.attention import scaled_dot_product_attention
 from course_lib.cache import KVCache
 from course_lib.configs import DecoderConfig, EncoderDecoderConfig
@@ -42,93 +47,152 @@ from ._core import (
 )
 
 # --------------------------------------------------------------------------------------------
-# Exercise 9.1: next_token_loss(logits, ids)
+# Exercise 9.1: next_token_loss(logits, ids, pad_id), on right-padded windows
 
 
 def _flat_ce(logits: torch.Tensor, targets: torch.Tensor, **kwargs) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), **kwargs)
 
 
-def _reference_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    return lm_loss(logits[:, :-1], ids[:, 1:])  # position t predicts token t + 1
+def _unpadded(targets: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """The targets with every padding entry replaced by -100, which the loss skips."""
+    return targets.masked_fill(targets == pad_id, IGNORE_INDEX)
+
+
+def _reference_loss(logits: torch.Tensor, ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    # position t predicts token t + 1, and only a real token is a target
+    return lm_loss(logits[:, :-1], _unpadded(ids[:, 1:], pad_id))
+
+
+def _masked_mean(logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, *,
+                 over: str = "kept") -> torch.Tensor:
+    """Cross-entropy of each (position, target), kept where ``keep``; averaged over the kept
+    entries, over every entry, or per sequence and then over the sequences."""
+    losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T')
+    kept = losses * keep
+    if over == "all":
+        return kept.sum() / keep.numel()
+    if over == "sequences":
+        return (kept.sum(1) / keep.sum(1)).mean()
+    return kept.sum() / keep.sum()
 
 
 LOSS_MISTAKES = [
     Misconception(
-        lambda logits, ids: _flat_ce(logits, ids),
+        lambda logits, ids, pad_id: _flat_ce(logits, _unpadded(ids, pad_id)),
         "Your loss scores each position against its own input token, so the model would learn "
-        "to copy its input. The target of position t is the NEXT token, ids[:, t + 1]: use "
-        "logits[:, :-1] (the last position has no next token) against ids[:, 1:]",
+        "to copy its input. The target of position t is the NEXT token, ids[:, t + 1]",
     ),
     Misconception(
-        lambda logits, ids: _flat_ce(logits[:, 1:], ids[:, :-1]),
-        "Your targets are shifted the wrong way: logits[:, 1:] against ids[:, :-1] asks "
-        "position t + 1 to predict token t, the past. Use logits[:, :-1] against ids[:, 1:]",
+        lambda logits, ids, pad_id: _flat_ce(logits[:, 1:], _unpadded(ids[:, :-1], pad_id)),
+        "Your targets are shifted the wrong way: position t + 1 is asked for token t, the "
+        "past. Position t's target is token t + 1",
     ),
     Misconception(
-        lambda logits, ids: _flat_ce(logits, torch.roll(ids, -1, dims=1)),
+        lambda logits, ids, pad_id: _flat_ce(logits, _unpadded(torch.roll(ids, -1, dims=1),
+                                                               pad_id)),
         "Your targets are ids rolled by one: the last position's target wraps around to the "
-        "first token of the sequence, which does not follow it. Drop the last position "
-        "instead: logits[:, :-1] against ids[:, 1:]",
+        "first token of the window, which does not follow it. The last position has no "
+        "target",
     ),
     Misconception(
-        lambda logits, ids: _flat_ce(logits[:, :-1], ids[:, 1:], reduction="sum"),
-        "Your loss is the sum over all positions, not the mean: its size would grow with the "
-        "batch and the sequence length (and so would the gradients). Average it "
-        "(F.cross_entropy's default reduction='mean')",
+        lambda logits, ids, pad_id: _flat_ce(logits[:, :-1], ids[:, 1:]),
+        "Your loss also scores the positions whose target is padding: the model would be "
+        "trained to predict pad_id after the end of every sequence. Leave out every position "
+        "whose next token is pad_id",
     ),
     Misconception(
-        lambda logits, ids: _flat_ce(logits[:, :-1], ids[:, 1:], reduction="sum")
-        / logits.shape[0],
+        lambda logits, ids, pad_id: _masked_mean(logits[:, :-1], ids[:, 1:],
+                                                 ids[:, :-1] != pad_id),
+        "You kept the positions whose INPUT is a real token, so each sequence's last real "
+        "token is still scored, against the padding that follows it. Decide by the TARGET: "
+        "a position counts when its next token is not pad_id",
+    ),
+    Misconception(
+        lambda logits, ids, pad_id: _masked_mean(logits[:, :-1], ids[:, 1:],
+                                                 ids[:, 1:] != pad_id, over="all"),
+        "You zeroed the padded positions but divided by every position, padded ones "
+        "included, so padding pulls the loss down. Divide by the number of scored positions",
+    ),
+    Misconception(
+        lambda logits, ids, pad_id: _masked_mean(logits[:, :-1], ids[:, 1:],
+                                                 ids[:, 1:] != pad_id, over="sequences"),
+        "You averaged each sequence's loss, then the sequences: a sequence with 2 scored "
+        "positions then weighs as much as one with 10. Every scored position counts the same: "
+        "one mean over all of them in the batch",
+    ),
+    Misconception(
+        lambda logits, ids, pad_id: _flat_ce(logits[:, :-1], _unpadded(ids[:, 1:], pad_id),
+                                             reduction="sum"),
+        "Your loss is the sum over the scored positions, not the mean: its size would grow "
+        "with the batch and the sequence length (and so would the gradients). Average it",
+    ),
+    Misconception(
+        lambda logits, ids, pad_id: _flat_ce(logits[:, :-1], _unpadded(ids[:, 1:], pad_id),
+                                             reduction="sum") / logits.shape[0],
         "Your loss is the sum over positions averaged over the batch only: average over "
-        "every scored position (batch and time)",
+        "every scored position",
     ),
     Misconception(
-        lambda logits, ids: _flat_ce(torch.softmax(logits[:, :-1], -1), ids[:, 1:]),
+        lambda logits, ids, pad_id: _flat_ce(torch.softmax(logits[:, :-1], -1),
+                                             _unpadded(ids[:, 1:], pad_id)),
         "You applied a softmax before F.cross_entropy, which applies log-softmax itself: "
         "pass the raw logits",
     ),
-    Misconception(
-        lambda logits, ids: F.nll_loss(torch.softmax(logits[:, :-1], -1).reshape(
-            -1, logits.shape[-1]), ids[:, 1:].reshape(-1)),
-        "You passed probabilities to F.nll_loss, which expects log-probabilities (its loss "
-        "is minus the value at the target): use F.cross_entropy on the logits, or "
-        "F.nll_loss on F.log_softmax(logits, -1)",
-    ),
 ]
+
+ONE_TOKEN = "a sequence of one real token (nothing to score in it), pad_id=0"
 
 
 def _loss_cases() -> list[Case]:
     gen = torch.Generator().manual_seed(901)
 
-    def ids(b: int, t: int, v: int) -> torch.Tensor:
-        return torch.randint(0, v, (b, t), generator=gen)
+    def ids(lengths: list[int], t: int, v: int, pad_id: int) -> torch.Tensor:
+        """Rows of ``lengths`` real tokens (never pad_id), then pad_id up to t."""
+        real = [i for i in range(v) if i != pad_id]
+        drawn = torch.tensor(real)[torch.randint(0, len(real), (len(lengths), t), generator=gen)]
+        positions = torch.arange(t)[None, :]  # (1, T)
+        return drawn.masked_fill(positions >= torch.tensor(lengths)[:, None], pad_id)
+
+    def case(name: str, lengths: list[int], t: int, v: int, pad_id: int, scale: float = 2.0,
+             **kwargs) -> Case:
+        logits = rand(gen, len(lengths), t, v, scale=scale)
+        return Case(name, (logits, ids(lengths, t, v, pad_id), pad_id), **kwargs)
 
     return [
-        Case("B=2, T=6, V=7", (rand(gen, 2, 6, 7, scale=2.0), ids(2, 6, 7))),
-        Case("one sequence, T=2 (a single prediction)", (rand(gen, 1, 2, 5, scale=2.0),
-                                                         ids(1, 2, 5))),
-        Case("B=3, T=10, V=30, confident logits", (rand(gen, 3, 10, 30, scale=4.0),
-                                                   ids(3, 10, 30)),
-             hint="F.cross_entropy wants (N, V) logits and (N,) targets: flatten the batch and "
-                  "time dimensions with .reshape(-1, V) and .reshape(-1)"),
-        Case("B=4, T=3, V=2", (rand(gen, 4, 3, 2, scale=2.0), ids(4, 3, 2))),
+        case("B=3, T=8, V=9: sequences of 8, 5 and 3 tokens, pad_id=0", [8, 5, 3], 8, 9, 0),
+        case("no padding, B=2, T=6, V=7", [6, 6], 6, 7, 0),
+        case("pad_id=11, the last id of V=12: lengths 2 and 9", [2, 9], 9, 12, 11,
+             hint="F.cross_entropy wants (N, V) logits and (N,) targets: flatten the batch "
+                  "and time dimensions"),
+        case(ONE_TOKEN, [1, 6, 4], 6, 5, 0),
+        case("B=4, T=10, V=30, confident logits, pad_id=3", [10, 7, 2, 5], 10, 30, 3,
+             scale=4.0),
+        case("one sequence, T=2 (a single prediction), pad_id=0", [2], 2, 5, 0),
     ]
 
 
 def check_next_token_loss(next_token_loss: Callable) -> None:
-    """Check ``next_token_loss(logits, ids)`` -> the mean cross-entropy of predicting
-    ``ids[:, t + 1]`` from ``logits[:, t]`` (a 0-D tensor).
+    """Check ``next_token_loss(logits, ids, pad_id)`` -> the mean cross-entropy of predicting
+    ``ids[:, t + 1]`` from ``logits[:, t]`` over the positions whose next token is not
+    ``pad_id`` (a 0-D tensor or a float).
 
     Args:
-        next_token_loss: the learner's function of logits (B, T, V) and ids (B, T).
+        next_token_loss: the learner's function of logits (B, T, V), right-padded ids (B, T)
+            and the padding id.
     """
 
     def check_one(got: Any, case: Case) -> None:
-        logits, ids = case.args
+        logits, ids, pad_id = case.args
         if isinstance(got, float):
             got = torch.tensor(got)
-        compare_tensors(got, _reference_loss(logits, ids), case, what="Your loss",
+        if (isinstance(got, torch.Tensor) and got.dim() == 0 and not bool(torch.isfinite(got))
+                and case.name == ONE_TOKEN):
+            raise CheckFailure(
+                f"Your loss is {float(got)} on the case '{case.name}': that sequence has no "
+                "scored position, and a mean over its positions divides 0 by 0. Average "
+                "over every scored position of the batch at once, never per sequence")
+        compare_tensors(got, _reference_loss(logits, ids, pad_id), case, what="Your loss",
                         misconceptions=LOSS_MISTAKES)
 
     run_cases("next_token_loss", next_token_loss, _loss_cases(), check_one)
@@ -532,7 +596,7 @@ def check_greedy_decode(greedy_decode: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 9.4: alignment_score(weights, alignment), a planted bug fixed
+# Exercise 9.4: a planted bug in alignment_score, exposed by a batch, then fixed
 
 
 def _hits(weights: torch.Tensor, alignment: torch.Tensor, peaks: torch.Tensor) -> torch.Tensor:
@@ -548,7 +612,23 @@ def _gold_weight(weights: torch.Tensor, alignment: torch.Tensor) -> torch.Tensor
     return weights.gather(-1, index)[..., 0]  # (..., T): the weight on the gold position
 
 
+def buggy_alignment_score(weights: torch.Tensor, alignment: torch.Tensor) -> float:
+    """The exercise's function, planted bug included: it averages each sentence's share, so
+    every sentence weighs the same however many scored positions it has (and a sentence with
+    none gives 0 / 0)."""
+    scored = alignment != IGNORE_INDEX  # (..., T)
+    hits = (weights.argmax(dim=-1) == alignment) & scored  # (..., T)
+    return float((hits.sum(-1) / scored.sum(-1)).mean())
+
+
+PLANTED_SCORE = (
+    "Your function still averages each sentence's share: a sentence with 2 scored words "
+    "then weighs as much as one with 8. The score is pooled over the batch: all the hits "
+    "divided by all the scored positions"
+)
+
 ALIGNMENT_MISTAKES = [
+    Misconception(buggy_alignment_score, PLANTED_SCORE),
     Misconception(
         lambda w, a: float(_hits(w, a, w.argmax(-1))),
         "You returned the number of target positions whose attention peaks on the gold source "
@@ -589,9 +669,10 @@ ALIGNMENT_MISTAKES = [
 
 
 PERFECT_HEAD = "a perfect head: the gold alignment itself as weights, with unscored positions"
-INSTRUMENT = ("The instrument that finds this: score a perfect head (the gold alignment as "
-              "one-hot weights, <eos> and padding included), which must get exactly 1.0, and "
-              "compare with course_lib.metrics.alignment_score on a few batches")
+EMPTY_ROW = "a batch padded with a sentence that has no scored position at all"
+INSTRUMENT = ("A perfect head cannot find this (every sentence of it scores 1.0 however it "
+              "is averaged): compare with course_lib.metrics.alignment_score on a head that "
+              "is right on a short sentence and wrong on a long one")
 
 
 def _alignment_cases() -> list[Case]:
@@ -605,33 +686,32 @@ def _alignment_cases() -> list[Case]:
                         torch.randint(0, 6, (3, 6), generator=gen))
     gold1[:, -1] = IGNORE_INDEX  # <eos>
     gold1[2, 3:] = IGNORE_INDEX  # a short sentence, padded
+    gold1[2, :3] = w1[2].argmax(-1)[:3]  # right on the short sentence: pooling matters
     w2 = weights(5, 7)
     gold2 = w2.argmax(-1).clone()
     gold2[1] = (gold2[1] + 1) % 7
     w3 = weights(2, 4, 5, sharp=0.5)  # flat attention: every peak is weak
     gold3 = w3.argmax(-1).clone()
     gold3[0, 0] = IGNORE_INDEX
+    w4 = weights(3, 5, 6)
+    gold4 = torch.where(torch.rand(3, 5, generator=gen) < 0.5, w4.argmax(-1),
+                        (w4.argmax(-1) + 1) % 6)
+    gold4[0, 1] = w4[0, 1].argmax()  # at least one hit
+    gold4[1] = IGNORE_INDEX  # a padding sentence
     perfect_gold = gold1.clone()
     perfect = F.one_hot(perfect_gold.clamp_min(0), 6).float()  # the gold alignment as weights
     return [
         Case(PERFECT_HEAD, (perfect, perfect_gold)),
-        Case("batch (3, T=6, S=6) with unscored positions", (w1, gold1)),
+        Case("batch (3, T=6, S=6), sentences of 5, 5 and 3 scored words", (w1, gold1)),
         Case("one sentence (T=5, S=7), unbatched", (w2, gold2),
              hint="work with the last dimension (dim=-1) so that (T, S) and (B, T, S) both work"),
         Case("flat attention, every peak on the gold position", (w3, gold3)),
         Case("no peak on the gold position", (w2, (w2.argmax(-1) + 3) % 7)),
+        Case(EMPTY_ROW, (w4, gold4)),
     ]
 
 
-def check_alignment_score(alignment_score_fn: Callable) -> None:
-    """Check ``alignment_score(weights, alignment)`` -> a float: the share of the target
-    positions with a gold source position (alignment != -100) whose largest attention weight
-    is on that position. Any correct fix of the planted bug passes; a tensor is refused.
-
-    Args:
-        alignment_score_fn: the learner's function of weights (..., T, S) and alignment (..., T).
-    """
-
+def _check_score(alignment_score_fn: Callable) -> None:
     def check_one(got: Any, case: Case) -> None:
         expected = alignment_score(*case.args)
         if isinstance(got, numbers.Integral) and not isinstance(got, bool):
@@ -639,6 +719,11 @@ def check_alignment_score(alignment_score_fn: Callable) -> None:
         got = require_real(got, "Your score", case)
         if math.isclose(got, expected, abs_tol=1e-6):
             return
+        if math.isnan(got):
+            raise CheckFailure(
+                f"Your score is NaN on the case '{case.name}': a sentence without a scored "
+                "position divides 0 by 0 when each sentence's share is computed on its own. "
+                "Pool the batch: all the hits divided by all the scored positions")
         _name_alignment_mistake(got, expected, case)
         raise CheckFailure(f"Your score is {got:.4f} but course_lib.metrics.alignment_score "
                            f"gives {expected:.4f} (case '{case.name}'). {INSTRUMENT}")
@@ -654,7 +739,59 @@ def _name_alignment_mistake(got: float, expected: float, case: Case) -> None:
             continue
         if math.isclose(got, wrong, abs_tol=1e-6) and not math.isclose(wrong, expected,
                                                                        abs_tol=1e-6):
-            raise CheckFailure(f"{m.message} (seen on the case '{case.name}'). {INSTRUMENT}")
+            raise CheckFailure(f"{m.message} (seen on the case '{case.name}')")
+
+
+def _check_exposing_batch(exposing_batch: Callable) -> str:
+    """The learner's batch must be valid input on which the given function and the definition
+    disagree; returns the two scores, for the pass line."""
+    got = call_learner(exposing_batch, Case("your batch"), fn_name="exposing_batch")
+    if not (isinstance(got, tuple | list) and len(got) == 2
+            and all(isinstance(t, torch.Tensor) for t in got)):
+        raise CheckFailure(f"exposing_batch should return (weights, alignment), two tensors, "
+                           f"but returned {describe(got)}")
+    weights, alignment = got
+    if weights.dim() != 3 or alignment.shape != weights.shape[:2]:
+        raise CheckFailure(
+            f"exposing_batch returned weights of shape {tuple(weights.shape)} and alignment of "
+            f"shape {tuple(alignment.shape)}: return a batch, weights (B, T, S) and alignment "
+            "(B, T) with the same B and T (a single sentence cannot expose this bug: with one "
+            "sentence the given function is right)")
+    if alignment.dtype.is_floating_point or alignment.dtype == torch.bool:
+        raise CheckFailure(f"alignment has dtype {alignment.dtype}: it holds source positions, "
+                           "a long tensor (torch.tensor of ints)")
+    s = weights.shape[-1]
+    valid = (alignment == IGNORE_INDEX) | ((alignment >= 0) & (alignment < s))
+    if not bool(valid.all()) or not bool((alignment != IGNORE_INDEX).any()):
+        raise CheckFailure(f"alignment must hold source positions 0 .. {s - 1} or -100, and at "
+                           "least one scored position")
+    right = alignment_score(weights, alignment)
+    given = buggy_alignment_score(weights, alignment)
+    if math.isclose(given, right, abs_tol=1e-6):
+        raise CheckFailure(
+            f"On your batch the given function and the definition agree (both {right:.4f}), so "
+            "it does not expose the bug. They differ when the sentences have different numbers "
+            "of scored positions AND different shares of hits")
+    return f"on your batch the given function says {given:.4f}, the definition {right:.4f}"
+
+
+def check_alignment_score(alignment_score_fn: Callable, exposing_batch: Callable) -> None:
+    """Check the fixed ``alignment_score(weights, alignment)`` -> a float, the share of ALL the
+    target positions with a gold source position (alignment != -100) whose largest attention
+    weight is on that position, pooled over the batch (a tensor is refused); then
+    ``exposing_batch()`` -> (weights (B, T, S), alignment (B, T)), a batch on which the given
+    function's per-sentence average differs from the score.
+
+    Args:
+        alignment_score_fn: the learner's function of weights (..., T, S) and alignment (..., T).
+        exposing_batch: the learner's function returning a batch that exposes the bug.
+    """
+    with contextlib.redirect_stdout(io.StringIO()):
+        _check_score(alignment_score_fn)
+    shown = _check_exposing_batch(exposing_batch)
+    labels = "; ".join(case.name for case in _alignment_cases())
+    print(f"\u2705 alignment_score is correct on all {len(_alignment_cases())} test cases "
+          f"({labels}); {shown}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -769,64 +906,97 @@ def check_attend_with_cache(attend_with_cache: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 9.6: predict the key/value cache's bytes per token
+# Exercise 9.6: predict the key/value cache's bytes after a generation
 
 CACHE_CONFIG = DecoderConfig(vocab_size=65, d_model=96, n_heads=6, n_layers=3, max_len=128)
+CACHE_DTYPE = torch.bfloat16
+CACHE_BATCH, CACHE_PROMPT, CACHE_NEW = 4, 12, 8
 
 
 def _cache_mistakes(c: DecoderConfig) -> dict[int, str]:
-    d_head, n = c.d_model // c.n_heads, c.n_layers
+    """Wrong predictions, each from one slip in the count, and what to say about it."""
+    per_position = 2 * c.n_layers * c.d_model * CACHE_DTYPE.itemsize  # one token, one sequence
+    fed = CACHE_PROMPT + CACHE_NEW - 1
+    right = per_position * CACHE_BATCH * fed
     return {
-        n * c.d_model * 4: "You counted the keys only (or the values only): the cache keeps both, "
-                           "one key and one value vector per token, per layer",
-        2 * c.d_model * 4: "You counted one layer: every self-attention layer keeps its own keys "
-                           "and values",
-        2 * n * c.d_model: "You counted numbers, not bytes: each float32 takes 4 bytes",
-        2 * n * d_head * 4: "You counted one head: a layer caches H heads of Dh numbers, "
+        per_position * CACHE_BATCH * (CACHE_PROMPT + CACHE_NEW):
+            f"You counted all {CACHE_PROMPT + CACHE_NEW} tokens of the output. The last new "
+            "token is sampled at the last step and the loop ends: it is never fed to the "
+            "model, so its key and value are never computed",
+        per_position * CACHE_BATCH * CACHE_PROMPT:
+            "You counted the prompt only: every token fed to the model after it adds its key "
+            "and value too",
+        per_position * CACHE_BATCH * CACHE_NEW:
+            "You counted the new tokens only: the prompt's keys and values are cached first",
+        per_position * CACHE_BATCH * c.max_len:
+            "You counted max_len positions: the cache grows with each token fed (course_lib "
+            "concatenates), it reserves nothing in advance",
+        per_position * fed: "You counted one sequence: each sequence of the batch has its own "
+                            "keys and values",
+        per_position: "You gave the bytes of one position of one sequence: the question asks "
+                      "for the whole cache, every cached position of every sequence",
+        right * 2: "You counted 4 bytes per number: a bfloat16 takes 2",
+        right // 2: "You are off by a factor of 2: the cache keeps a key AND a value per "
+                    "position and layer, and each bfloat16 number takes 2 bytes; one of the "
+                    "two is missing from your count",
+        right // c.n_layers: "You counted one layer: every self-attention layer keeps its own "
+                             "keys and values",
+        right // c.n_heads: "You counted one head: a layer caches H heads of Dh numbers, "
                             "H * Dh = d_model of them per key",
-        2 * n * c.d_model * c.n_heads * 4: "You multiplied by the number of heads twice: the "
-                                           "H heads of Dh numbers together are d_model numbers",
-        2 * n * c.d_model * 32: "You counted bits: a byte is 8 bits, a float32 4 bytes",
+        right * c.n_heads: "You multiplied by the number of heads twice: the H heads of Dh "
+                           "numbers together are d_model numbers",
+        right * 8: "You counted bits: a byte is 8 bits",
     }
 
 
-def measure_cache_bytes_per_token(config: DecoderConfig = CACHE_CONFIG,
-                                  n_tokens: int = 16) -> int:
-    """Run a prompt through a DecoderLM with a KVCache and divide the bytes of every cached
-    key and value tensor by the number of tokens (batch 1)."""
-    state = torch.random.get_rng_state()
-    try:
+@functools.cache
+def measure_generation_cache(config: DecoderConfig = CACHE_CONFIG) -> tuple[int, int]:
+    """Generate CACHE_NEW tokens after a batch of prompts with course_lib's generate (greedy,
+    with a KVCache) in CACHE_DTYPE, and return the bytes of every cached key and value tensor
+    when it returns, and the number of cached positions."""
+    made: list[KVCache] = []
+
+    class RecordedCache(KVCache):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    with torch.random.fork_rng(devices=[]):  # leave the learner's random stream alone
         torch.manual_seed(0)
-        model = DecoderLM(config).eval()
-    finally:
-        torch.random.set_rng_state(state)  # leave the learner's random stream alone
-    cache = KVCache()
-    with torch.no_grad():
-        model(torch.zeros(1, n_tokens, dtype=torch.long), past_key_values=cache)
+        model = DecoderLM(config).to(CACHE_DTYPE).eval()
+        prompts = torch.randint(0, config.vocab_size, (CACHE_BATCH, CACHE_PROMPT))
+    with mock.patch.object(generation, "KVCache", RecordedCache):
+        generation.generate(model, prompts, CACHE_NEW, temperature=0, use_cache=True)
+    cache = made[0]
     total = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-    return total // n_tokens
+    return total, cache.get_seq_length()
 
 
-def check_kv_cache_bytes(predict_bytes_per_token: Callable) -> None:
-    """Check ``predict_bytes_per_token()`` -> an int: the bytes the key/value cache of a
-    float32 ``DecoderLM(CACHE_CONFIG)`` grows by per token (batch 1); then show the
-    measurement.
+def check_kv_cache_bytes(predict_cache_bytes: Callable) -> None:
+    """Check ``predict_cache_bytes()`` -> an int: the bytes the key/value cache of a bfloat16
+    ``DecoderLM(CACHE_CONFIG)`` holds when ``generate(prompts, CACHE_NEW, use_cache=True)``
+    returns, for CACHE_BATCH prompts of CACHE_PROMPT tokens; then show the measurement.
 
     Args:
-        predict_bytes_per_token: the learner's function, no arguments.
+        predict_cache_bytes: the learner's function, no arguments.
     """
-    case = Case("DecoderConfig(d_model=96, n_heads=6, n_layers=3), float32, batch 1")
-    got = require_count(call_learner(predict_bytes_per_token, case),
-                         "Your prediction (a number of bytes)")
-    measured = measure_cache_bytes_per_token()
+    case = Case(f"bfloat16 DecoderConfig(d_model=96, n_heads=6, n_layers=3), {CACHE_BATCH} "
+                f"prompts of {CACHE_PROMPT} tokens, {CACHE_NEW} new tokens")
+    got = require_count(call_learner(predict_cache_bytes, case),
+                        "Your prediction (a number of bytes)")
+    measured, positions = measure_generation_cache()
     c = CACHE_CONFIG
-    shown = (f"measured: {measured:,} bytes per token = {c.n_layers} layers x 2 (keys and "
-             f"values) x {c.n_heads} heads x {c.d_model // c.n_heads} numbers x 4 bytes")
+    shown = (f"measured when generate returns: {measured:,} bytes = {c.n_layers} layers x 2 "
+             f"(keys and values) x {CACHE_BATCH} sequences x {positions} positions "
+             f"({CACHE_PROMPT} prompt tokens + {CACHE_NEW} new - 1, the last one never fed) x "
+             f"{c.d_model} numbers ({c.n_heads} heads x {c.d_model // c.n_heads}) x "
+             f"{CACHE_DTYPE.itemsize} bytes (bfloat16)")
     if got != measured:
-        message = _cache_mistakes(c).get(got, "Count the tensors a layer caches for one token, "
-                                              "how many numbers each holds, and their size")
-        raise CheckFailure(f"Your prediction is {got:,} bytes per token. {message}.\n{shown}")
-    print(f"\u2705 your prediction, {got:,} bytes per token, is right; {shown}")
+        message = _cache_mistakes(c).get(
+            got, "Count what one layer caches for one position of one sequence, how many "
+                 "numbers and bytes that is, then how many positions the model was fed")
+        raise CheckFailure(f"Your prediction is {got:,} bytes. {message}.\n{shown}")
+    print(f"\u2705 your prediction, {got:,} bytes, is right; {shown}")
 
 
 # --------------------------------------------------------------------------------------------

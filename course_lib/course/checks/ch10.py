@@ -1,6 +1,6 @@
 """Checks for chapter 10, the cost of attention: the online softmax, causal chunked attention,
 the sliding-window mask of a cached generation step, the longest sequence whose score matrix
-fits in memory, and a chunked attention with a planted bug to find.
+fits in memory, and an attention split into parts and combined, with a planted bug to find.
 
 The references are :mod:`course_lib.efficient` (:func:`~course_lib.efficient.online_softmax_stats`,
 :func:`~course_lib.efficient.chunked_attention`, :func:`~course_lib.efficient.sliding_window_mask`,
@@ -27,8 +27,6 @@ from course_lib.efficient import (
 )
 
 from ._core import (
-    ATOL,
-    RTOL,
     Case,
     CheckFailure,
     Misconception,
@@ -381,10 +379,14 @@ def _chunked_cases(seed: int) -> list[Case]:
     ]
 
 
-def _check_no_full_matrix(fn: Callable, case: Case) -> None:
-    """With block_size < n, no (n, n) tensor and no PyTorch attention: only block-sized tiles."""
-    q, k, v, block_size = case.args
+def _check_no_full_matrix(fn: Callable, case: Case, *, block_size: int | None = None,
+                          limit: str | None = None) -> None:
+    """With blocks of fewer than n keys (``block_size``, by default the case's last argument),
+    no (n, n) tensor and no PyTorch attention: only block-sized tiles."""
+    q, k, v, size = case.args
     n = q.shape[-2]
+    block_size = size if block_size is None else block_size
+    limit = limit or f"block_size ({block_size}) < n ({n})"
     if block_size >= n or n < 4:
         return
     recorder = _ShapeRecorder()
@@ -403,8 +405,8 @@ def _check_no_full_matrix(fn: Callable, case: Case) -> None:
                     else "the whole score matrix")
             raise CheckFailure(
                 f"Your output is right, but your function built a tensor of shape {shape}: "
-                f"{what}, which chunked attention must never hold when block_size ({block_size}) "
-                f"< n ({n}) (case '{case.name}'). Work one block at a time: the scores "
+                f"{what}, which chunked attention must never hold when {limit} "
+                f"(case '{case.name}'). Work one block of keys at a time: the scores "
                 "q @ k_block^T, at most (..., n, block_size), and a mask built from the "
                 "positions of that block's keys only"
             )
@@ -626,141 +628,144 @@ def check_longest_sequence(longest_sequence_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 10.5: find the bug in a chunked attention
+# Exercise 10.5: find the bug in an attention split into parts and combined
 
 
-def _running_max_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int,
-                         *, start: float = -math.inf, running: bool = True) -> torch.Tensor:
-    """Key-blocked attention in the inputs' own dtype (float32: where exp overflows and
-    underflows), with the maximum started at ``start`` and, when ``running`` is False, taken
-    over each block alone instead of over every score seen so far."""
-    m = torch.full((*q.shape[:-1], 1), start, dtype=q.dtype)  # (..., n, 1)
-    s = torch.zeros_like(m)  # (..., n, 1)
-    acc = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)  # (..., n, d_v)
-    for k_b, v_b in zip(k.split(block_size, dim=-2), v.split(block_size, dim=-2), strict=True):
-        scores = q @ k_b.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., n, b)
-        block_max = scores.amax(-1, keepdim=True)  # (..., n, 1)
-        new_m = torch.maximum(m, block_max) if running else block_max
-        factor = torch.exp(m - new_m)  # (..., n, 1)
-        p = torch.exp(scores - new_m)  # (..., n, b)
-        s = s * factor + p.sum(-1, keepdim=True)
-        acc = acc * factor + p @ v_b
-        m = new_m
-    return acc / s  # (..., n, d_v)
+def attend_to_part(q: torch.Tensor, k_part: torch.Tensor, v_part: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention of every query to one part of the keys: the output (..., n, d_v) and
+    the log-sum-exp of the scores (..., n), as the exercise gives it."""
+    scores = q @ k_part.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., n, b)
+    return torch.softmax(scores, dim=-1) @ v_part, torch.logsumexp(scores, dim=-1)
 
 
-def buggy_chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            block_size: int) -> torch.Tensor:
-    """The exercise's function, planted bug included: the maximum is each block's own, not the
-    running one, so a block whose scores fall far below the previous block's overflows
-    exp(m - m') to inf (NaN in the output) in float32."""
-    return _running_max_variant(q, k, v, block_size, running=False)
+def _parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_parts: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every part's output and log-sum-exp, stacked: (P, ..., n, d_v) and (P, ..., n)."""
+    outs, lses = zip(*(attend_to_part(q, k_p, v_p) for k_p, v_p in
+                       zip(k.chunk(n_parts, dim=-2), v.chunk(n_parts, dim=-2), strict=True)),
+                     strict=True)
+    return torch.stack(outs), torch.stack(lses)
 
 
-PLANTED = (
+def _combined(q, k, v, n_parts, *, share: str = "softmax") -> torch.Tensor:
+    """The parts combined with weights that are right (a softmax of the log-sum-exps) or
+    wrong in one way."""
+    outs, lses = _parts(q, k, v, n_parts)
+    if share == "exp":  # the planted bug: exp(lse) overflows (or underflows in every part)
+        mass = torch.exp(lses)
+        weights = mass / mass.sum(0)
+    elif share == "equal":
+        weights = torch.full_like(lses, 1.0 / lses.shape[0])
+    elif share == "unnormalised":
+        weights = torch.exp(lses - lses.amax(0))
+    elif share == "queries":
+        weights = torch.softmax(lses, dim=-1)
+    else:
+        weights = torch.softmax(lses, dim=0)  # (P, ..., n)
+    return (weights[..., None] * outs).sum(0)  # (..., n, d_v)
+
+
+def buggy_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          n_parts: int) -> torch.Tensor:
+    """The exercise's function, planted bug included: each part's share of the softmax's
+    denominator is computed as exp(lse), which is inf beyond about 88 in float32 (and 0 in
+    every part below about -104): inf / inf or 0 / 0, NaN in the output."""
+    return _combined(q, k, v, n_parts, share="exp")
+
+
+PLANTED_SPLIT = (
     "Your output is the given function's output on this case: the planted bug is still "
-    "there. The instrument that finds it: equality with exact attention (course_lib's "
-    "chunked_attention, or F.scaled_dot_product_attention) on inputs whose scores are large "
-    "and FALL from one block to the next; ordinary scores, or a maximum that only grows, hide it"
+    "there. The instrument that finds it: equality with exact attention on inputs whose "
+    "scores are large (in the hundreds) or all very negative; ordinary scores hide it"
+)
+FLOAT64 = (
+    "Your output is the given function's output computed in float64: that only moves the "
+    "overflow from exp(88) to exp(709), and scores in the thousands still give NaN. Combine "
+    "the parts without ever taking exp of a log-sum-exp on its own"
 )
 
-# Plausible wrong fixes computed in the inputs' dtype, where NaN patterns matter.
-NAN_MISTAKES = [
-    Misconception(
-        lambda q, k, v, block_size: _running_max_variant(q, k, v, block_size, start=0.0),
-        "Your output matches a loop whose running maximum starts at 0 instead of -inf: on a "
-        "row whose scores are all below about -104, exp(score - 0) underflows to 0 in float32 "
-        "and the row ends as 0 / 0. A row that has seen no score yet has maximum -inf",
-    ),
-]
-
-FIX_MISTAKES = [
-    Misconception(
-        lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, rescale_sum=False,
-                                                   rescale_out=False),
-        "Your output matches a loop in which neither the running sum nor the running output is "
-        "rescaled when the maximum changes: both were accumulated against the old maximum",
-    ),
-    Misconception(
-        lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, rescale_out=False),
-        "Your output matches a loop that rescales the running sum but not the running output: "
-        "both were accumulated against the old maximum",
-    ),
-    Misconception(
-        lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, rescale_sum=False),
-        "Your output matches a loop that rescales the running output but not the running sum: "
-        "both were accumulated against the old maximum",
-    ),
-    Misconception(
-        lambda q, k, v, block_size: _chunked_wrong(q, k, v, block_size, divide=False),
-        "Your output is the running output without the final division by the running sum",
-    ),
+SPLIT_MISTAKES = [
+    Misconception(lambda q, k, v, n_parts: _combined(q, k, v, n_parts, share="equal"),
+                  "Your output is the plain mean of the parts' outputs: a part whose keys hold "
+                  "more of the softmax's mass must weigh more, in proportion to exp(lse)"),
+    Misconception(lambda q, k, v, n_parts: _combined(q, k, v, n_parts, share="unnormalised"),
+                  "Your parts' weights are exp(lse - max lse) but they do not add up to 1: "
+                  "divide them by their sum"),
+    Misconception(lambda q, k, v, n_parts: _combined(q, k, v, n_parts, share="queries"),
+                  "Your weights are normalised over the queries (the last dimension of the "
+                  "log-sum-exps) instead of over the parts: for each query, its parts' weights "
+                  "add up to 1"),
 ]
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal within the checks' tolerance, NaN where the other has NaN."""
-    return a.shape == b.shape and bool(torch.allclose(
-        a.double().cpu(), b.double().cpu(), atol=ATOL, rtol=RTOL, equal_nan=True))
-
-
-def _fix_cases(seed: int) -> list[Case]:
+def _split_cases(seed: int) -> list[Case]:
     gen = torch.Generator().manual_seed(seed)
-    rising = torch.linspace(0.2, 3.0, 12)[:, None]  # later keys score higher: the max grows
 
     def qkv(*shape, dv=None, scale=1.0):
         *lead, n, d = shape
         return (rand(gen, *lead, n, d, scale=scale), rand(gen, *lead, n, d, scale=scale),
                 rand(gen, *lead, n, dv or d))
 
-    q, k, v = qkv(12, 8)
-    # every score positive and large at first, negative and large at the end: the maximum
-    # falls by far more than 88 (where exp overflows in float32) from one block to the next
-    falling = torch.linspace(40.0, -40.0, 12)[:, None]  # (n, 1)
-    q2, k2, v2 = qkv(2, 12, 8)
-    # every score below -104 (q . k >= 8 * 0.25 = 2, / sqrt(8), times at least 150), rising
-    low = -torch.linspace(400.0, 150.0, 10)[:, None]  # (n, 1)
-    q3, k3, v3 = qkv(10, 8)
+    def positive(*shape, key_scale):
+        """Every score q.k / sqrt(d) above 0.7 * |key_scale| (q.k >= d * 0.25, d = 8), with the
+        sign and size of key_scale (a number, or one per key)."""
+        q, k, v = qkv(*shape)
+        return q.abs() + 0.5, (k.abs() + 0.5) * key_scale, v
+
+    one_part_large = torch.ones(12, 1)
+    one_part_large[8:] = 60.0  # the last of 3 parts scores in the hundreds: exp(lse) = inf
     return [
-        Case("n=12, blocks of 4, a maximum that grows from block to block",
-             (q.abs(), k.abs() * rising, v, 4)),
-        Case("n=13, blocks of 5 (the last block is shorter)", (*qkv(13, 8, dv=6), 5)),
-        Case("batch and heads (2, 3, 9, 8), blocks of 2", (*qkv(2, 3, 9, 8), 2)),
-        Case("blocks of one key", (*qkv(6, 4), 1)),
-        Case("block_size 8 > n = 6: one block holds every key", (*qkv(6, 4), 8)),
-        Case("large scores (exp overflows without the max)", (*qkv(12, 8, scale=8.0), 4)),
-        Case("large scores that fall by more than 88 from one block to the next",
-             (q2.abs(), k2.abs() * falling, v2, 4)),
-        Case("every score below -104 (exp(score) underflows to 0 in float32), blocks of 3",
-             (q3.abs() + 0.5, (k3.abs() + 0.5) * low, v3, 3)),
+        Case("n=12 in 3 parts, ordinary scores", (*qkv(12, 8), 3)),
+        Case("n=13 in 4 parts (chunk gives parts of 4, 4, 4 and 1)", (*qkv(13, 8, dv=6), 4)),
+        Case("batch and heads (2, 3, 9, 8) in 3 parts", (*qkv(2, 3, 9, 8), 3)),
+        Case("one part", (*qkv(6, 4), 1)),
+        Case("as many parts as keys (n=6), batch of 2", (*qkv(2, 6, 4), 6)),
+        Case("large scores in one part only (in the hundreds)",
+             (*positive(12, 8, key_scale=one_part_large), 3)),
+        Case("scores above 1000 in every part", (*positive(2, 10, 8, key_scale=1500.0), 5)),
+        Case("every score below -104 (exp underflows to 0 in float32)",
+             (*positive(10, 8, key_scale=-torch.linspace(400.0, 150.0, 10)[:, None]), 2)),
     ]
 
 
-def check_fixed_chunked_attention(fixed_chunked_attention_fn: Callable) -> None:
-    """Check ``fixed_chunked_attention(q, k, v, block_size)`` -> out (..., n, Dv): the given
-    key-blocked attention with its one bug fixed, equal to exact (non-causal) attention, still
-    one block of keys at a time. The planted bug is named only when the output is the given
-    function's output; other mistakes get their own message, or a description of what differs.
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal within the checks' tolerance, NaN where the other has NaN."""
+    return a.shape == b.shape and bool(torch.allclose(
+        a.double().cpu(), b.double().cpu(), atol=1e-4, rtol=1e-4, equal_nan=True))
+
+
+def check_fixed_split_attention(fixed_split_attention_fn: Callable) -> None:
+    """Check ``fixed_split_attention(q, k, v, n_parts)`` -> out (..., n, Dv): the given
+    split-and-combine attention with its one bug fixed, equal to exact (non-causal) attention,
+    still one part of the keys at a time. The planted bug is named only when the output is the
+    given function's output (in float32 or float64); other mistakes get their own message, or
+    a description of what differs.
 
     Args:
-        fixed_chunked_attention_fn: the learner's function.
+        fixed_split_attention_fn: the learner's function.
     """
 
-    def check_one(got, case: Case) -> None:
-        q, k, v, block_size = case.args
-        expected = chunked_attention(q, k, v, block_size=block_size)
-        if isinstance(got, torch.Tensor) and not _same(got, expected):
-            planted = buggy_chunked_attention(*case.args)
-            if _same(got, planted) and not _same(planted, expected):
-                raise CheckFailure(f"{PLANTED} (seen on the case '{case.name}')")
-            for m in NAN_MISTAKES:
-                wrong = m.wrong(*case.args)
-                if _same(got, wrong) and not _same(wrong, expected):
-                    raise CheckFailure(f"{m.message} (seen on the case '{case.name}')")
-        compare_tensors(got, expected, case, what="Your output", misconceptions=FIX_MISTAKES)
-        _check_no_full_matrix(fixed_chunked_attention_fn, case)
+    beat_float32 = [False]  # right on a case where float32 exp(lse) overflows: float64?
 
-    run_cases("fixed_chunked_attention", fixed_chunked_attention_fn, _fix_cases(seed=105),
+    def check_one(got, case: Case) -> None:
+        q, k, v, n_parts = case.args
+        expected, _ = scaled_dot_product_attention(q, k, v)
+        planted = buggy_split_attention(*case.args)
+        if isinstance(got, torch.Tensor) and _same(got, expected):
+            beat_float32[0] |= not _same(planted, expected)
+        elif isinstance(got, torch.Tensor) and _same(got, planted):
+            in_float64 = buggy_split_attention(q.double(), k.double(), v.double(), n_parts)
+            if beat_float32[0] and _same(got, in_float64):
+                raise CheckFailure(f"{FLOAT64} (seen on the case '{case.name}')")
+            raise CheckFailure(f"{PLANTED_SPLIT} (seen on the case '{case.name}')")
+        compare_tensors(got, expected, case, what="Your output", misconceptions=SPLIT_MISTAKES,
+                        atol=1e-4, rtol=1e-4)  # scores in the thousands: float32 rounding
+        n = q.shape[-2]
+        _check_no_full_matrix(fixed_split_attention_fn, case, block_size=-(-n // n_parts),
+                              limit=f"n_parts = {n_parts} > 1")
+
+    run_cases("fixed_split_attention", fixed_split_attention_fn, _split_cases(seed=105),
               check_one)
 
 

@@ -1,6 +1,7 @@
-"""Checks for chapter 12, today's decoders: the SwiGLU feed-forward network from its equation,
-a whole Llama-style block assembled from its parts, the KV cache of a published model
-(predicted, then measured), and a rotary embedding with a planted bug to find.
+"""Checks for chapter 12, today's decoders: the gated feed-forward networks (SwiGLU, GeGLU, GLU,
+bilinear) from one fused matrix, a whole Llama-style block assembled from its parts, how many
+sequences of a published model fit on one GPU (predicted, then the cache formula measured),
+and a rotary embedding with a planted bug to find.
 
 The references are course_lib's :class:`~course_lib.layers.SwiGLU`,
 :class:`~course_lib.blocks.DecoderBlock` (``norm="rms"``, ``ffn="swiglu"``, ``rope=True``,
@@ -38,82 +39,117 @@ from ._core import (
 )
 
 # --------------------------------------------------------------------------------------------
-# Exercise 12.1: swiglu(x, w_gate, w_up, w_down)
+# Exercise 12.1: glu_ffn(x, w_gate_up, w_down, activation), from one fused matrix
+
+GATES = {"silu": F.silu, "gelu": F.gelu, "sigmoid": torch.sigmoid, "none": lambda z: z}
+GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "sigmoid": "GLU", "none": "the bilinear layer"}
 
 
-def _swiglu_with(act: Callable[[torch.Tensor], torch.Tensor], *, on: str = "gate",
-                 down: bool = True, up: bool = True) -> Callable[..., torch.Tensor]:
-    """SwiGLU written with another activation, on the other branch, or missing a part."""
-    def wrong(x, w_gate, w_up, w_down):
-        gate, value = x @ w_gate.T, x @ w_up.T  # (..., F) each
-        if on == "up":
-            gate, value = value, gate
-        hidden = act(gate) * value if up else act(gate)  # (..., F)
+def reference_glu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                  activation: str) -> torch.Tensor:
+    """W_down (act(W_gate x) * W_up x), W_gate the first F rows of ``w_gate_up`` (2F, D) and
+    W_up the last F; for "silu", course_lib's SwiGLU holding these weights."""
+    w_gate, w_up = w_gate_up.chunk(2, dim=0)  # (F, D) each
+    if activation == "silu":
+        with torch.random.fork_rng(devices=[]):  # its random init is overwritten
+            swiglu = SwiGLU(w_gate.shape[1], w_gate.shape[0])
+        with torch.no_grad():
+            for linear, weight in ((swiglu.gate_proj, w_gate), (swiglu.up_proj, w_up),
+                                   (swiglu.down_proj, w_down)):
+                linear.weight.copy_(weight)
+            return swiglu(x)  # (..., D)
+    return (GATES[activation](x @ w_gate.T) * (x @ w_up.T)) @ w_down.T  # (..., D)
+
+
+def _glu_with(*, act: str | None = None, split: str = "halves", swap: bool = False,
+              down: bool = True, up: bool = True) -> Callable[..., torch.Tensor]:
+    """A plausible wrong GLU: another gate activation (``act``: always that one), rows split
+    another way, the halves swapped, or a part missing."""
+    def wrong(x, w_gate_up, w_down, activation):
+        if split == "interleaved":
+            w_gate, w_up = w_gate_up[0::2], w_gate_up[1::2]
+        else:
+            w_gate, w_up = w_gate_up.chunk(2, dim=0)
+        if swap:
+            w_gate, w_up = w_up, w_gate
+        gate = _ACTS[act or activation](x @ w_gate.T)  # (..., F)
+        hidden = gate * (x @ w_up.T) if up else gate
         return hidden @ w_down.T if down else hidden
     return wrong
 
 
-SWIGLU_MISTAKES = [
-    Misconception(_swiglu_with(F.silu, on="up"),
-                  "Your output puts SiLU on the up branch and multiplies by the gate branch: the "
-                  "gate is W_gate x, through SiLU; W_up x is what it multiplies"),
-    Misconception(_swiglu_with(F.gelu),
-                  "Your output uses GELU where SwiGLU uses SiLU, silu(z) = z * sigmoid(z) "
-                  "(GELU with a gate is GeGLU, another of Shazeer's variants)"),
-    Misconception(_swiglu_with(F.relu),
-                  "Your output uses ReLU where SwiGLU uses SiLU, silu(z) = z * sigmoid(z) "
-                  "(ReLU with a gate is ReGLU)"),
-    Misconception(_swiglu_with(torch.sigmoid),
-                  "Your output uses sigmoid(W_gate x) as the gate: that is the original GLU. "
-                  "SwiGLU's gate is silu(z) = z * sigmoid(z), which can also be negative"),
-    Misconception(_swiglu_with(F.silu, down=False),
+_ACTS = {**GATES, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh")}
+
+GLU_MISTAKES = [
+    Misconception(_glu_with(swap=True),
+                  "Your output puts the activation on the second half of w_gate_up and "
+                  "multiplies by the first: the first F rows are W_gate (the gate, through the "
+                  "activation), the last F are W_up"),
+    Misconception(_glu_with(split="interleaved"),
+                  "Your output takes W_gate and W_up from alternate rows of w_gate_up: they are "
+                  "stacked, [W_gate; W_up], the first F rows and the last F rows"),
+    Misconception(lambda x, gu, d, a: None if a != "sigmoid" else
+                  _glu_with(act="silu")(x, gu, d, a),
+                  "Your GLU uses SiLU, z * sigmoid(z): the original GLU's gate is sigmoid(z) "
+                  "itself"),
+    Misconception(lambda x, gu, d, a: None if a != "gelu" else
+                  _glu_with(act="gelu_tanh")(x, gu, d, a),
+                  "Your GeGLU uses GELU's tanh approximation: \"gelu\" here is the exact GELU, "
+                  "x * Phi(x), F.gelu's default"),
+    Misconception(lambda x, gu, d, a: None if a == "silu" else _glu_with(act="silu")(x, gu, d, a),
+                  "Your output uses SiLU whatever the activation: the argument chooses the "
+                  "gate's activation (GELU for GeGLU, the sigmoid for GLU, none for the "
+                  "bilinear layer)"),
+    Misconception(lambda x, gu, d, a: None if a != "none" else _glu_with(up=False)(x, gu, d, a),
+                  "With no activation the gate is W_gate x itself, and it still multiplies "
+                  "W_up x: the bilinear layer is W_down (W_gate x * W_up x), not one linear "
+                  "map"),
+    Misconception(_glu_with(down=False),
                   "Your output has the hidden width F: the gated product still has to go "
                   "through the down projection back to D"),
-    Misconception(_swiglu_with(F.silu, up=False),
-                  "Your output is W_down silu(W_gate x): the gate multiplies nothing. SwiGLU "
-                  "multiplies silu(W_gate x) elementwise by a second projection, W_up x"),
+    Misconception(_glu_with(up=False),
+                  "Your output is W_down act(W_gate x): the gate multiplies nothing. It "
+                  "multiplies, elementwise, the second projection W_up x"),
 ]
 
 
-def _swiglu_cases(seed: int) -> list[Case]:
+def _glu_cases(seed: int) -> list[Case]:
     gen = torch.Generator().manual_seed(seed)
-    hint = ("the weights are in nn.Linear's layout (out_features, in_features): x @ w.T, or "
-            "F.linear(x, w), maps (..., in) to (..., out)")
+    hint = ("w_gate_up is (2F, D) and w_down (D, F), in nn.Linear's layout (out_features, "
+            "in_features): x @ w.T, or F.linear(x, w), maps (..., in) to (..., out)")
 
     def weights(d, f):
-        return rand(gen, f, d, scale=d ** -0.5), rand(gen, f, d, scale=d ** -0.5), \
-            rand(gen, d, f, scale=f ** -0.5)
+        return rand(gen, 2 * f, d, scale=d ** -0.5), rand(gen, d, f, scale=f ** -0.5)
 
     return [
-        Case("batch 2, 5 positions, D=8, F=12", (rand(gen, 2, 5, 8), *weights(8, 12)), hint=hint),
-        Case("unbatched, 4 positions, D=6, F=16", (rand(gen, 4, 6), *weights(6, 16)), hint=hint),
-        Case("(2, 3, 4, D=16), F=40", (rand(gen, 2, 3, 4, 16), *weights(16, 40)), hint=hint),
-        Case("large inputs, where the activations differ most",
-             (rand(gen, 3, 8, scale=4.0), *weights(8, 20)), hint=hint),
+        Case("SwiGLU, batch 2, 5 positions, D=8, F=12",
+             (rand(gen, 2, 5, 8), *weights(8, 12), "silu"), hint=hint),
+        Case("GeGLU, unbatched, 4 positions, D=6, F=16",
+             (rand(gen, 4, 6, scale=2.0), *weights(6, 16), "gelu"), hint=hint),
+        Case("GLU, (2, 3, 4, D=16), F=40", (rand(gen, 2, 3, 4, 16), *weights(16, 40), "sigmoid"),
+             hint=hint),
+        Case("bilinear, batch 3, D=8, F=20", (rand(gen, 3, 8), *weights(8, 20), "none"),
+             hint=hint),
+        Case("SwiGLU, large inputs, D=8, F=20",
+             (rand(gen, 3, 8, scale=4.0), *weights(8, 20), "silu"), hint=hint),
     ]
 
 
-def check_swiglu(swiglu_fn: Callable) -> None:
-    """Check ``swiglu(x, w_gate, w_up, w_down)`` -> (..., D): W_down (silu(W_gate x) * W_up x)
-    with nn.Linear's weight layout, against course_lib's ``SwiGLU`` holding the same weights.
+def check_glu_ffn(glu_fn: Callable) -> None:
+    """Check ``glu_ffn(x, w_gate_up, w_down, activation)`` -> (..., D): W_down (act(W_gate x) *
+    W_up x) with [W_gate; W_up] stacked in ``w_gate_up`` (2F, D) and ``activation`` one of
+    "silu", "gelu", "sigmoid", "none", in nn.Linear's weight layout.
 
     Args:
-        swiglu_fn: the learner's function.
+        glu_fn: the learner's function.
     """
 
     def check_one(got, case: Case) -> None:
-        x, w_gate, w_up, w_down = case.args
-        reference = SwiGLU(w_gate.shape[1], w_gate.shape[0])
-        with torch.no_grad():
-            for linear, weight in ((reference.gate_proj, w_gate), (reference.up_proj, w_up),
-                                   (reference.down_proj, w_down)):
-                linear.weight.copy_(weight)
-            expected = reference(x)
-        compare_tensors(got, expected, case, what="Your SwiGLU output",
-                        misconceptions=SWIGLU_MISTAKES)
+        expected = reference_glu(*case.args)
+        compare_tensors(got, expected, case, what=f"Your {GLU_NAMES[case.args[-1]]} output",
+                        misconceptions=GLU_MISTAKES)
 
-    run_cases("swiglu", swiglu_fn, _swiglu_cases(seed=121), check_one)
-
+    run_cases("glu_ffn", glu_fn, _glu_cases(seed=121), check_one)
 
 # --------------------------------------------------------------------------------------------
 # Exercise 12.2: llama_block(x, weights, n_heads, n_kv_heads), assembled from its parts
@@ -364,16 +400,30 @@ def check_llama_block(block_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 12.3: the KV cache of Qwen2.5 7B, predicted
+# Exercise 12.3: how many sequences of Qwen2.5 7B fit on one GPU, predicted
 
 QWEN25_7B = dict(num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                  hidden_size=3584, torch_dtype="bfloat16")  # Qwen/Qwen2.5-7B's config.json
-CONTEXT, BATCH = 32768, 8
-KV_KEYS = ("bytes_per_token", "bytes_for_the_batch")
+QWEN25_7B_PARAMETERS = 7_615_616_512  # the checkpoint's count (tests/test_checks_ch12.py)
+GPU_BYTES = 80 * 2**30  # an 80 GiB GPU
+CONTEXT = 32768
+KV_KEYS = ("bytes_per_token", "max_sequences", "max_sequences_mha")
 
 
 def _per_token(layers=28, kv_heads=4, d_head=128, bytes_per=2, kv=2) -> int:
     return kv * layers * kv_heads * d_head * bytes_per
+
+
+def _fits(per_token: int, *, memory: int = GPU_BYTES, weight_bytes: int = 2,
+          context: int = CONTEXT) -> int:
+    return (memory - QWEN25_7B_PARAMETERS * weight_bytes) // (per_token * context)
+
+
+def mha_parameters() -> int:
+    """Qwen2.5 7B with 28 key/value heads: W_k and W_v (and their biases) grow from 4 heads'
+    rows to 28 heads' in each of the 28 layers."""
+    extra_rows = (28 - 4) * 128  # per projection
+    return QWEN25_7B_PARAMETERS + 28 * 2 * extra_rows * (3584 + 1)
 
 
 PER_TOKEN_MISTAKES = {
@@ -398,44 +448,65 @@ def _named(mistakes: Mapping[str, int], value: int) -> str | None:
     return " or ".join(names) if names else None
 
 
-def check_kv_cache_prediction(kv_cache_prediction_fn: Callable) -> None:
-    """Check ``kv_cache_prediction()`` -> {"bytes_per_token": int, "bytes_for_the_batch": int}
-    for Qwen2.5 7B in bfloat16 (a batch of 8 sequences of 32,768 tokens), then show the
-    measurement on a small model's KVCache. Counts follow the course's number rule
-    (``require_count``: Python or numpy ints).
+def _fit_mistakes(per_token: int) -> dict[str, int]:
+    right = _fits(per_token)
+    return {
+        "forgot the weights: they take their share of the memory before any cache":
+            GPU_BYTES // (per_token * CONTEXT),
+        "took 80 GiB as 80 x 10^9 bytes; the GPU has 80 x 2^30": _fits(per_token,
+                                                                       memory=80 * 10**9),
+        "counted the weights at 4 bytes a parameter; in bfloat16 they take 2":
+            _fits(per_token, weight_bytes=4),
+        "rounded up: the last of those sequences would not fit; round down": right + 1,
+        "gave the sequences' tokens, not the number of sequences":
+            right * CONTEXT,
+    }
+
+
+def check_capacity_prediction(capacity_prediction_fn: Callable) -> None:
+    """Check ``capacity_prediction()`` -> {"bytes_per_token", "max_sequences",
+    "max_sequences_mha"} for Qwen2.5 7B in bfloat16 on an 80 GiB GPU, sequences of 32,768
+    tokens, then show the measurement of the per-token formula on a small model's KVCache.
+    Counts follow the course's number rule (``require_count``: Python or numpy ints).
 
     Args:
-        kv_cache_prediction_fn: the learner's function (no arguments).
+        capacity_prediction_fn: the learner's function (no arguments).
     """
-    got = prediction_dict(call_learner(kv_cache_prediction_fn, Case("Qwen2.5 7B")), KV_KEYS,
-                          "kv_cache_prediction")
-    expected = {"bytes_per_token": _per_token()}
-    expected["bytes_for_the_batch"] = expected["bytes_per_token"] * CONTEXT * BATCH
+    got = prediction_dict(call_learner(capacity_prediction_fn, Case("Qwen2.5 7B")), KV_KEYS,
+                          "capacity_prediction")
     values = {key: require_count(got[key], f"'{key}'") for key in KV_KEYS}
-    per_token = values["bytes_per_token"]
-    if per_token != expected["bytes_per_token"]:
+    per_token, right = values["bytes_per_token"], _per_token()
+    if per_token != right:
         named = _named(PER_TOKEN_MISTAKES, per_token)
         raise CheckFailure(f"bytes_per_token = {per_token:,} is not right: "
                            + (f"you probably {named}" if named else
                               "count 2 (keys and values) x layers x key/value heads x "
                               "head dimension x bytes per element"))
-    batch = values["bytes_for_the_batch"]
-    if batch != expected["bytes_for_the_batch"]:
-        mistakes = {f"forgot the batch: each of the {BATCH} sequences has its own cache":
-                        per_token * CONTEXT,
-                    f"forgot the context: the cache holds {CONTEXT:,} positions per sequence":
-                        per_token * BATCH,
-                    "gave GiB, not bytes": expected["bytes_for_the_batch"] // 2**30,
-                    "gave MiB, not bytes": expected["bytes_for_the_batch"] // 2**20,
-                    "took 32,768 as 32,000 tokens": per_token * 32000 * BATCH}
-        named = _named(mistakes, batch)
-        raise CheckFailure(f"bytes_for_the_batch = {batch:,} is not right: "
+    fits, fits_mha = _fits(right), _fits(_per_token(kv_heads=28))
+    if values["max_sequences"] != fits:
+        named = _named(_fit_mistakes(right), values["max_sequences"])
+        raise CheckFailure(f"max_sequences = {values['max_sequences']:,} is not right: "
                            + (f"you probably {named}" if named else
-                              "multiply the bytes per token by the positions and the batch"))
-    print(f"\u2705 Qwen2.5 7B in bfloat16 caches {per_token:,} bytes per token "
-          f"({per_token / 2**10:.0f} KiB); a batch of {BATCH} at {CONTEXT:,} tokens: "
-          f"{batch:,} bytes ({batch / 2**30:.0f} GiB). With 28 key/value heads, ordinary "
-          f"multi-head attention, it would be {28 // 4} times as much")
+                              "subtract the weights' bytes from the GPU's, then see how many "
+                              f"caches of {CONTEXT:,} tokens fit in what is left"))
+    if values["max_sequences_mha"] != fits_mha:
+        mistakes = _fit_mistakes(_per_token(kv_heads=28))
+        mistakes["kept 4 key/value heads: with one per query head there are 28, and each "
+                  "token's cache is 7 times larger"] = fits
+        named = _named(mistakes, values["max_sequences_mha"])
+        raise CheckFailure(f"max_sequences_mha = {values['max_sequences_mha']:,} is not right: "
+                           + (f"you probably {named}" if named else
+                              "redo max_sequences with 28 key/value heads"))
+    weights = QWEN25_7B_PARAMETERS * 2
+    per_sequence = right * CONTEXT
+    mha_fits = (GPU_BYTES - mha_parameters() * 2) // (7 * per_sequence)
+    print(f"\u2705 Qwen2.5 7B in bfloat16 caches {right:,} bytes per token ({right / 2**10:.0f} "
+          f"KiB), {per_sequence / 2**30:.2f} GiB per sequence of {CONTEXT:,} tokens. Its "
+          f"weights take {weights / 2**30:.1f} GiB of the 80, so {fits} sequences fit; with 28 "
+          f"key/value heads, {fits_mha}. (The larger W_k and W_v of that model, "
+          f"{(mha_parameters() - QWEN25_7B_PARAMETERS) / 1e6:.0f} million more parameters, "
+          f"still leave room for {mha_fits}.) Sharing each key/value head among 7 query heads "
+          f"serves {fits / fits_mha:.1f} times as many sequences at once")
     _measure_small_cache()
 
 
@@ -580,8 +651,8 @@ def check_fixed_rope(rope_fn: Callable) -> None:
               _rope_cases(seed=124), check_one)
 
 
-__all__ = ["buggy_rope", "check_fixed_rope", "check_kv_cache_prediction", "check_llama_block",
-           "check_swiglu"]
+__all__ = ["buggy_rope", "check_capacity_prediction", "check_fixed_rope", "check_glu_ffn",
+           "check_llama_block"]
 
 
 # in a notebook: a stub's check prints one not-done line, a failure only its message

@@ -1,7 +1,8 @@
-"""Checks for chapter 13, tokens: one step of BPE training written out (the pair count and the
-merge), a word encoded by hand from a list of merges (predicted, then verified), how well a
-Shakespeare vocabulary compresses other kinds of text (predicted, then measured), and an
-encoder with a planted bug to find.
+"""Checks for chapter 13, tokens: one step of BPE training as a fast trainer does it (the merge
+and the pair counts it changes, without counting again), a word encoded by hand from a list of
+merges (predicted, then verified), how well a Shakespeare vocabulary compresses other kinds of
+text (predicted, then measured), a streaming decoder with a planted bug to find, and bits per
+character of a unigram model.
 
 The references are course_lib's :func:`~course_lib.bpe.merge_pair`,
 :func:`~course_lib.bpe.most_frequent_pair`, :func:`~course_lib.bpe.train_bpe` and
@@ -10,18 +11,17 @@ The references are course_lib's :func:`~course_lib.bpe.merge_pair`,
 
 from __future__ import annotations
 
+import codecs
 import copy
 import inspect
 import math
+import numbers
 import random
 import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
-
-import numpy as np
-import torch
 
 from course_lib.bpe import (
     BPETokenizer,
@@ -45,7 +45,7 @@ from ._core import (
 )
 
 # --------------------------------------------------------------------------------------------
-# Exercise 13.1: count_pairs(word_counts) and merge_everywhere(word_counts, pair, new_id)
+# Exercise 13.1: merge_and_count(word_counts, pair, new_id) -> (merged table, count changes)
 
 
 def word_table(text: str) -> dict[tuple[int, ...], int]:
@@ -72,50 +72,72 @@ def reference_merge(word_counts: Mapping[tuple[int, ...], int], pair: tuple[int,
     return dict(out)
 
 
-def _pairs_across_words(word_counts):
-    """All words written one after the other, pairs counted over the joins too."""
-    stream = [token for word, count in word_counts.items() for _ in range(count)
-              for token in word]
-    return dict(Counter(zip(stream, stream[1:], strict=False)))
+def reference_changes(word_counts: Mapping[tuple[int, ...], int], pair: tuple[int, int],
+                      new_id: int) -> dict[tuple[int, int], int]:
+    """How each pair count changes with the merge: the counts of the merged table minus those
+    of ``word_counts``, computed as a full recount (zero changes left out)."""
+    before, after = reference_pairs(word_counts), reference_pairs(
+        reference_merge(word_counts, pair, new_id))
+    changes = {p: after.get(p, 0) - before.get(p, 0) for p in before.keys() | after.keys()}
+    return {p: change for p, change in changes.items() if change}
 
 
-def _pairs_once_per_word(word_counts):
-    return dict(Counter(pair for word in word_counts for pair in zip(word, word[1:],
-                                                                      strict=False)))
-
-
-def _pairs_distinct_per_word(word_counts):
-    counts: Counter = Counter()
+def _changed_words(word_counts, pair, new_id):
+    """(old word, new word, count) for the words that hold ``pair``."""
     for word, count in word_counts.items():
-        for pair in set(zip(word, word[1:], strict=False)):
-            counts[pair] += count
-    return dict(counts)
+        new = tuple(merge_pair(word, pair, new_id))
+        if new != tuple(word):
+            yield tuple(word), new, count
 
 
-def _pairs_without_overlaps(word_counts):
-    """(a, a) counted once in a a a: each pair's occurrences counted as merge_pair finds them."""
-    counts: Counter = Counter()
-    for word, count in word_counts.items():
-        for pair in set(zip(word, word[1:], strict=False)):
-            counts[pair] += count * (len(word) - len(merge_pair(word, pair, -1)))
-    return dict(counts)
+def _changes_only_the_pair(word_counts, pair, new_id):
+    return {pair: -reference_pairs(word_counts).get(pair, 0)}
 
 
-PAIR_MISTAKES = [
-    (_pairs_across_words,
-     "Your counts include pairs that straddle two words (the last token of one word and the "
-     "first of the next). Pairs are counted inside each word only: merges never cross a "
-     "pre-token's boundary"),
-    (_pairs_once_per_word,
-     "Your counts ignore how often each word occurs: a word seen 5 times contributes each of "
-     "its pairs 5 times (multiply by the word's count)"),
-    (_pairs_distinct_per_word,
-     "Your counts take each pair once per word: a word that holds a pair twice (like 'b a n "
-     "a n a' with (a, n)) contributes it twice, times the word's count"),
-    (_pairs_without_overlaps,
-     "Your counts skip overlapping occurrences: in 'a a a' the pair (a, a) is counted twice "
-     "(positions 0-1 and 1-2), as train_bpe counts every adjacent pair; only the merge itself "
-     "is non-overlapping"),
+def _changes_keeping_broken_neighbours(word_counts, pair, new_id):
+    """The pair taken away and the pairs with the new token added; the neighbours the merge
+    broke, (x, a) and (b, y), left as they were."""
+    changes: Counter = Counter({pair: -reference_pairs(word_counts).get(pair, 0)})
+    for _, new, count in _changed_words(word_counts, pair, new_id):
+        for p in zip(new, new[1:], strict=False):
+            if new_id in p:
+                changes[p] += count
+    return dict(changes)
+
+
+def _changes_once_per_word(word_counts, pair, new_id):
+    changes: Counter = Counter()
+    for old, new, _ in _changed_words(word_counts, pair, new_id):
+        changes.subtract(zip(old, old[1:], strict=False))
+        changes.update(zip(new, new[1:], strict=False))
+    return dict(changes)
+
+
+def _changes_reversed(word_counts, pair, new_id):
+    return {p: -change for p, change in reference_changes(word_counts, pair, new_id).items()}
+
+
+def _changes_as_new_counts(word_counts, pair, new_id):
+    return reference_pairs(reference_merge(word_counts, pair, new_id))
+
+
+CHANGE_MISTAKES = [
+    (_changes_as_new_counts,
+     "Your changes are the pair counts of the merged table, not how they changed: give each "
+     "pair's count after the merge minus its count before (most are 0 and can be left out)"),
+    (_changes_reversed,
+     "Your changes have the wrong sign: they are the counts before the merge minus after. A "
+     "pair the merge breaks goes down (negative), a pair with the new token goes up"),
+    (_changes_only_the_pair,
+     "Your changes only take the merged pair away. The words that held it also lose the pairs "
+     "on either side of each occurrence ('b a n a n a' with (a, n) loses (b, a) and (n, a)), "
+     "and gain the pairs with the new token"),
+    (_changes_keeping_broken_neighbours,
+     "You added the pairs with the new token, but the pairs the merge broke are still "
+     "counted: in 'b a n a n a' with (a, n), (b, a) and (n, a) are gone after the merge"),
+    (_changes_once_per_word,
+     "Your changes ignore how often each word occurs: a word seen 5 times changes each of its "
+     "pairs' counts by 5 (multiply by the word's count)"),
 ]
 
 
@@ -193,7 +215,7 @@ def _random_table(rng: random.Random, n_words: int, alphabet: int, longest: int,
 
 
 def _table_cases(seed: int) -> list[Case]:
-    """(word_counts, pair, new_id) cases: the pair argument is ignored by count_pairs."""
+    """(word_counts, pair, new_id) cases, the pair one that occurs in the table."""
     rng = random.Random(seed)
     a, b, n = 97, 98, 110  # 'a', 'b', 'n'
     cases = [
@@ -207,26 +229,34 @@ def _table_cases(seed: int) -> list[Case]:
         pair = most_frequent_pair(reference_pairs(table))
         cases.append(Case(f"random table {k + 1}: {n_words} words over {alphabet} letters, "
                           f"the most frequent pair", (table, pair, 300 + k)))
-    words = {(300, 97, 300): 4, (97, 300): 1}  # ids made by earlier merges appear too
+    words = {(300, 97, 300): 4, (97, 300): 1, (98, 98): 2}  # ids of earlier merges appear too
     cases.append(Case("words holding a merged token (id 300), pair (300, 97)",
                       (words, (300, 97), 301)))
     return cases
 
 
-def _keys_and_counts(got: Any, what: str, fn_name: str, case: Case, length: int | None):
-    """A learner's table as {tuple of ints: int}, zero counts dropped, or a clear failure."""
+def _keys_and_counts(got: Any, what: str, fn_name: str, case: Case, length: int | None,
+                     signed: bool = False):
+    """A learner's table as {tuple of ints: int}, zero counts dropped, or a clear failure;
+    ``signed``: the values are changes and may be negative."""
     if not isinstance(got, Mapping):
-        raise CheckFailure(f"{fn_name} should return a dict, got {describe(got)} (case "
+        raise CheckFailure(f"{what} should be a dict, got {describe(got)} (case "
                            f"'{case.name}')")
     table = {}
     for key, value in got.items():
         if not isinstance(key, tuple) or (length is not None and len(key) != length):
             shape = "a tuple of 2 token ids, like (116, 104)" if length else \
                 "a tuple of token ids"
-            raise CheckFailure(f"each key of {fn_name}'s dict should be {shape}; got the key "
+            raise CheckFailure(f"each key of {what} should be {shape}; got the key "
                                f"{key!r:.60} (case '{case.name}')")
         ids = tuple(require_count(token, f"a token id in {what}", case) for token in key)
-        count = require_count(value, f"the count of {key!r:.40}", case)
+        label = f"the {'change' if signed else 'count'} of {key!r:.40}"
+        if signed:  # an int, negative allowed: require_count's rule on its absolute value
+            require_count(abs(value) if isinstance(value, numbers.Integral) else value,
+                          label, case)
+            count = int(value)
+        else:
+            count = require_count(value, label, case)
         if count:
             table[ids] = table.get(ids, 0) + count
     return table
@@ -247,42 +277,58 @@ def _diagnose(got: dict, expected: dict, mistakes, args: tuple, case: Case, what
         wrong = wrong_fn(*args)
         if wrong != expected and got == {k: v for k, v in wrong.items() if v}:
             raise CheckFailure(f"{message} (seen on the case '{case.name}')")
-    raise CheckFailure(f"{what} differs from the expected table (case '{case.name}'): "
+    raise CheckFailure(f"{what} differs from the expected one (case '{case.name}'): "
                        f"{_differences(got, expected)}")
 
 
-def _unchanged(fn: Callable, fn_name: str) -> Callable:
-    """``fn``, failing if it changes the table it is given."""
-    def watched(word_counts, *rest):
+def _learner_step(fn: Callable, case: Case) -> tuple[dict, dict]:
+    """The learner's (merged table, changes) on one case, validated, zeros dropped; the
+    caller's table must come back unchanged."""
+    changed = []
+
+    def watched(word_counts, *rest):  # call_learner passes a copy: watch the copy
         before = copy.deepcopy(word_counts)
         result = fn(word_counts, *rest)
-        if word_counts != before:
-            raise CheckFailure(f"{fn_name} changed the table it was given (words or counts): "
-                               "build a new dict and leave the caller's as it was; train_bpe "
-                               "still needs the old table's words to update its counts")
+        changed.append(word_counts != before)
         return result
-    watched.__signature__ = inspect.signature(fn)
-    return watched
+
+    watched.__signature__ = inspect.signature(fn) if callable(fn) else None
+    got = call_learner(watched if callable(fn) else fn, case, fn_name="merge_and_count")
+    if any(changed):
+        raise CheckFailure("merge_and_count changed the table it was given (words or counts): "
+                           "build a new dict and leave the caller's as it was; a trainer "
+                           "still needs the old words to know which pairs they held")
+    if not isinstance(got, tuple | list) or len(got) != 2:
+        raise CheckFailure(f"merge_and_count should return two dicts, (merged, changes), got "
+                           f"{describe(got)} (case '{case.name}')")
+    merged = _keys_and_counts(got[0], "the merged table", "merge_and_count", case, None)
+    changes = _keys_and_counts(got[1], "the changes", "merge_and_count", case, 2, signed=True)
+    return merged, changes
 
 
-def _train_with(count_pairs_fn: Callable, merge_fn: Callable, text: str, n_merges: int):
-    """The merges learned from ``text`` with the learner's two functions and
-    most_frequent_pair, new ids 256, 257, ..."""
+def _train_with(fn: Callable, text: str, n_merges: int):
+    """The merges learned from ``text`` when the pairs are counted once and then only
+    updated with the learner's changes (most_frequent_pair picks each merge)."""
     table = word_table(text)
+    counts = reference_pairs(table)
     vocab = {i: bytes([i]) for i in range(256)}
     merges = []
     for new_id in range(256, 256 + n_merges):
-        case = Case(f"training merge {new_id - 256 + 1} on the opening of Shakespeare", (table,))
-        counts = _keys_and_counts(call_learner(count_pairs_fn, case, fn_name="count_pairs"),
-                                  "the pair counts", "count_pairs", case, 2)
         if not counts:
             break
         a, b = most_frequent_pair(counts)
         vocab[new_id] = vocab[a] + vocab[b]
         merges.append((vocab[a], vocab[b]))
-        merged = call_learner(merge_fn, Case(case.name, (table, (a, b), new_id)),
-                              fn_name="merge_everywhere")
-        table = _keys_and_counts(merged, "the new table", "merge_everywhere", case, None)
+        case = Case(f"training merge {new_id - 256 + 1} on the opening of Shakespeare",
+                    (table, (a, b), new_id))
+        table, changes = _learner_step(fn, case)
+        for pair, change in changes.items():
+            counts[pair] = counts.get(pair, 0) + change
+            if counts[pair] < 0:
+                raise CheckFailure(f"after your changes of {case.name} the pair {pair} has a "
+                                   f"count of {counts[pair]}: a count cannot go below 0")
+            if counts[pair] == 0:
+                del counts[pair]
     return merges
 
 
@@ -290,43 +336,36 @@ TRAIN_TEXT_SLICE = slice(0, 3000)  # the opening of shakespeare_text()
 TRAIN_MERGES = 40
 
 
-def check_bpe_step(count_pairs_fn: Callable, merge_fn: Callable) -> None:
-    """Check ``count_pairs(word_counts)`` -> {pair: count} and ``merge_everywhere(word_counts,
-    pair, new_id)`` -> a new {word: count} table, then train 40 merges with them (and
-    course_lib's most_frequent_pair) and compare with ``train_bpe``'s first 40 merges.
+def check_merge_and_count(fn: Callable) -> None:
+    """Check ``merge_and_count(word_counts, pair, new_id)`` -> ``(merged, changes)``: the new
+    {word: count} table with every occurrence of ``pair`` merged, and {pair: change}, how
+    each pair count changes (zeros may be left out). Then train 40 merges counting the pairs
+    once and adding only the learner's changes, and compare with ``train_bpe``'s merges.
 
     Args:
-        count_pairs_fn: the learner's pair count.
-        merge_fn: the learner's merge.
+        fn: the learner's function.
     """
-    count_pairs = _unchanged(count_pairs_fn, "count_pairs")
-    merge = _unchanged(merge_fn, "merge_everywhere")
     cases = _table_cases(seed=131)
     for case in cases:
-        table, pair, new_id = case.args
-        got = call_learner(count_pairs, Case(case.name, (table,)), fn_name="count_pairs")
-        _diagnose(_keys_and_counts(got, "the pair counts", "count_pairs", case, 2),
-                  reference_pairs(table), PAIR_MISTAKES, (table,), case, "Your pair count")
-    for case in cases:
-        got = call_learner(merge, case, fn_name="merge_everywhere")
-        _diagnose(_keys_and_counts(got, "the new table", "merge_everywhere", case, None),
-                  reference_merge(*case.args), MERGE_MISTAKES, case.args, case,
+        merged, changes = _learner_step(fn, case)
+        _diagnose(merged, reference_merge(*case.args), MERGE_MISTAKES, case.args, case,
                   "Your merged table")
+        _diagnose(changes, reference_changes(*case.args), CHANGE_MISTAKES, case.args, case,
+                  "Your table of changes")
     text = shakespeare_text()[TRAIN_TEXT_SLICE]
-    learned = _train_with(count_pairs, merge, text, TRAIN_MERGES)
+    learned = _train_with(fn, text, TRAIN_MERGES)
     expected = train_bpe(text, 256 + TRAIN_MERGES).merges
     if learned != expected:
         k = next(i for i, (m, e) in enumerate(zip(learned + [None] * len(expected), expected,
                                                    strict=False)) if m != e)
-        raise CheckFailure(f"Trained with your two functions, merge {k + 1} is "
+        raise CheckFailure(f"Trained with your changes, merge {k + 1} is "
                            f"{learned[k] if k < len(learned) else 'missing'} where train_bpe "
                            f"learns {expected[k]} (the first {TRAIN_MERGES} merges on the "
                            f"first {len(text):,} characters of Shakespeare)")
-    print(f"\u2705 count_pairs and merge_everywhere are correct on all {len(cases)} tables "
-          f"(edge cases: repeated pairs, 'a a a', one-letter words, merged tokens), and with "
-          f"them the training loop learns train_bpe's first {TRAIN_MERGES} merges exactly "
+    print(f"\u2705 merge_and_count is correct on all {len(cases)} tables (repeated pairs, "
+          f"'a a a', one-letter words, merged tokens), and counting the pairs once, then only "
+          f"adding your changes, learns train_bpe's first {TRAIN_MERGES} merges exactly "
           f"(first: {expected[0]!r}, last: {expected[-1]!r})")
-
 
 # --------------------------------------------------------------------------------------------
 # Exercise 13.2: encode three words by hand, given a list of merges
@@ -549,134 +588,161 @@ def check_compression_prediction(compression_prediction_fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 13.4: find the bug in an encoder
+# Exercise 13.4: find the bug in a streaming decoder
 
 
-def buggy_encode(text: str, tokenizer: BPETokenizer) -> list[int]:
-    """The exercise's encoder, planted bug included: each merge replaces only the FIRST
-    occurrence of its pair in a word (the ``break``), so a word holding a pair twice when that
-    merge comes ('understand': n d ... n d) keeps the second one apart."""
-    ids = []
-    for piece in pretokenize(text):
-        word = list(piece.encode("utf-8"))
-        for a, b in tokenizer.merges:
-            pair = (tokenizer.token_ids[a], tokenizer.token_ids[b])
-            for i in range(len(word) - 1):
-                if (word[i], word[i + 1]) == pair:
-                    word[i:i + 2] = [tokenizer.token_ids[a + b]]
-                    break
-        ids.extend(word)
-    return ids
+def buggy_stream(ids: list[int], tokenizer: BPETokenizer) -> list[str]:
+    """The exercise's streaming decoder, planted bug included: each token's bytes are decoded
+    on their own, so a character whose bytes two tokens share comes out as U+FFFD twice."""
+    return [tokenizer.vocab[i].decode("utf-8", errors="replace") for i in ids]
 
 
-def _encode_leftmost_first(text: str, tokenizer: BPETokenizer) -> list[int]:
-    ids = []
-    for piece in pretokenize(text):
-        word = list(piece.encode("utf-8"))
-        merged = True
-        while merged:
-            merged = False
-            for i in range(len(word) - 1):
-                if (word[i], word[i + 1]) in tokenizer.ranks:
-                    new = tokenizer.token_ids[tokenizer.vocab[word[i]]
-                                              + tokenizer.vocab[word[i + 1]]]
-                    word[i:i + 2] = [new]
-                    merged = True
-                    break
-        ids.extend(word)
-    return ids
+def reference_stream(ids: list[int], tokenizer: BPETokenizer, *, final: bool = True
+                     ) -> list[str]:
+    """The text each id adds, each character given out as soon as its last byte has arrived:
+    Python's incremental UTF-8 decoder, which keeps an unfinished character's bytes between
+    calls; at the end (``final``) what is left comes out as U+FFFD, as in ``decode``."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [decoder.decode(tokenizer.vocab[i]) for i in ids]
+    if pieces and final:
+        pieces[-1] += decoder.decode(b"", final=True)
+    return pieces
 
 
-def _encode_without_pieces(text: str, tokenizer: BPETokenizer) -> list[int]:
-    return BPETokenizer(tokenizer.merges).encode_piece(text)
+def _stream_ignoring(ids, tokenizer):
+    return [tokenizer.vocab[i].decode("utf-8", errors="ignore") for i in ids]
 
 
-def _encode_overlapping(text: str, tokenizer: BPETokenizer) -> list[int]:
-    """Every occurrence merged, but a a a with (a, a) becomes aa aa."""
-    ids = []
-    for piece in pretokenize(text):
-        word = tuple(piece.encode("utf-8"))
-        for a, b in tokenizer.merges:
-            pair = (tokenizer.token_ids[a], tokenizer.token_ids[b])
-            word = next(iter(_merge_overlapping({word: 1}, pair, tokenizer.token_ids[a + b])))
-        ids.extend(word)
-    return ids
+def _stream_without_flush(ids, tokenizer):
+    return reference_stream(ids, tokenizer, final=False)
 
 
-FIX_MISTAKES = [
-    (buggy_encode,
-     "Your encoder gives what the given one gives: the planted bug is still there. Compare "
-     "it with BPETokenizer.encode on the text below, token by token (show_tokens): one word "
-     "keeps a pair apart"),
-    (_encode_leftmost_first,
-     "Your encoder merges the leftmost pair that has a merge, whatever its rank: the given "
-     "encoder's order (the merges in the order learned, each applied to the whole word) was "
-     "right; the bug is elsewhere"),
-    (_encode_without_pieces,
-     "Your encoder no longer cuts the text into pre-tokens: merges then run across word "
-     "boundaries. pretokenize was right; the bug is elsewhere"),
-    (_encode_overlapping,
-     "Your encoder lets occurrences overlap: 'a a a' with the pair (a, a) must become 'aa a', "
-     "not 'aa aa'"),
+def _stream_at_the_end(ids, tokenizer):
+    return [""] * (len(ids) - 1) + [tokenizer.decode(ids)] if ids else []
+
+
+STREAM_MISTAKES = [
+    (buggy_stream,
+     "Your decoder gives what the given one gives: the planted mistake is still there"),
+    (_stream_without_flush,
+     "Your decoder loses the bytes still waiting when the ids run out: a sampled sequence "
+     "can end halfway through a character, and decode writes what is left as U+FFFD"),
+    (_stream_ignoring,
+     "Your decoder drops the characters whose bytes are shared by two tokens: each token's "
+     "bytes decoded on their own with errors='ignore' lose them instead of waiting for the "
+     "rest of the character"),
+]
+TIMING_MISTAKES = [
+    (_stream_at_the_end,
+     "Your decoder holds everything back until the last id: the text is right, but a chat "
+     "window would show nothing while the model generates. Give out each character as soon "
+     "as its last byte has arrived"),
 ]
 
-INSTRUMENT = (
-    "The instrument that finds this: equality with BPETokenizer.encode on many texts; the "
-    "first text that differs, shown token by token (show_tokens), points at the word"
-)
+STREAM_INSTRUMENT = (
+    "The instrument that finds this: the round trip, the pieces joined against "
+    "tokenizer.decode(ids) on many texts; the first text that differs, read token by token "
+    "(tokenizer.vocab[i] for each id), points at the character")
 
 
-def fix_texts() -> list[str]:
-    """Texts the fixed encoder is compared on: lines of Shakespeare after the training slice
-    (some with a pair twice in a word), and a few made to show repeated pairs and overlaps."""
-    lines = [line for line in shakespeare_text()[200_000:230_000].split("\n") if line.strip()]
-    made = ["I understand you not, my lord.", "Mississippi banana", "aaaa aaaaa -- ----- !!!!",
-            "So is it, if thou knew'st our purposes.", "Hello world's  end!  \n\n",
-            "1234567 12 3"]
-    return made + lines[::4]
+def stream_cases() -> list[tuple[str, list[int], bool]]:
+    """(name, ids, whether the ids' bytes are valid UTF-8) for the 1024-token Shakespeare
+    vocabulary of exercise 13.3: lines of the plays, texts of other scripts, and id lists
+    that a model could sample: cut halfway through a character, or random bytes."""
+    tok = compression_tokenizer()
+    lines = [line for line in shakespeare_text()[200_000:203_000].split("\n") if line.strip()]
+    texts = {
+        "lines of the plays": "\n".join(lines),
+        "accents, a dash and emoji": "naïve café — 🙂🙂 déjà vu",
+        "Russian (exercise 13.3)": COMPRESSION_TEXTS["the same in Russian"],
+        "Japanese, three bytes a character": "日本語のテキスト",
+    }
+    cases = [(name, tok.encode(text), True) for name, text in texts.items()]
+    emoji = tok.encode("Good night 🙂")
+    cases.append(("a sequence cut halfway through an emoji", emoji[:-1], False))
+    lone = [tok.token_ids[bytes([0x80])]]
+    cases.append(("a lone continuation byte between words",
+                  tok.encode("so ") + lone + tok.encode(" be it"), False))
+    rng = random.Random(134)
+    cases.append(("40 random byte tokens", [rng.choice(range(97, 256)) for _ in range(40)],
+                  False))
+    cases.append(("no ids at all", [], True))
+    return cases
 
 
-def _tokens(tokenizer: BPETokenizer, ids: list[int]) -> str:
-    return " ".join(repr(tokenizer.vocab[i].decode("utf-8", errors="replace")) for i in ids)
+def _stream_tokens(tokenizer: BPETokenizer, ids: list[int], limit: int = 12) -> str:
+    return " ".join(str(tokenizer.vocab[i]) for i in ids[:limit]) + (
+        " ..." if len(ids) > limit else "")
 
 
-def check_fixed_encode(encode_fn: Callable) -> None:
-    """Check ``encode(text, tokenizer)`` -> list of ids: the given encoder with its one bug
-    fixed, i.e. equal to ``tokenizer.encode(text)`` on many texts, with the 1024-token
-    Shakespeare vocabulary of exercise 13.3.
+def _learner_pieces(stream_fn: Callable, name: str, ids: list[int],
+                    tokenizer: BPETokenizer) -> list[str]:
+    case = Case(name, (list(ids), tokenizer))
+    try:
+        got = stream_fn(*case.args)
+        got = list(got) if not isinstance(got, str) and hasattr(got, "__iter__") else got
+    except UnicodeDecodeError as exc:
+        raise CheckFailure(
+            f"stream_decode raised UnicodeDecodeError on the case '{name}' ({exc}). A model "
+            "can sample ids whose bytes are not valid UTF-8; tokenizer.decode writes U+FFFD "
+            "for them (errors='replace'), and so must a streaming decoder") from None
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception:  # noqa: BLE001 (reported by call_learner with the inputs)
+        got = call_learner(stream_fn, case, fn_name="stream_decode")
+    if not isinstance(got, list) or not all(isinstance(p, str) for p in got):
+        raise CheckFailure(f"stream_decode should return a list of strings, one per id, got "
+                           f"{describe(got)} (case '{name}')")
+    if len(got) != len(ids):
+        raise CheckFailure(f"stream_decode should give one string per id (\"\" while a "
+                           f"character is unfinished): {len(ids)} ids, {len(got)} strings "
+                           f"(case '{name}')")
+    return got
+
+
+def check_stream_decode(stream_fn: Callable) -> None:
+    """Check ``stream_decode(ids, tokenizer)`` -> one string per id: joined, exactly
+    ``tokenizer.decode(ids)`` for any ids; for ids whose bytes are valid UTF-8, each
+    character given out with the id that brings its last byte. The 1024-token Shakespeare
+    vocabulary of exercise 13.3.
 
     Args:
-        encode_fn: the learner's function.
+        stream_fn: the learner's function.
     """
     tokenizer = compression_tokenizer()
-    texts = fix_texts()
-    for text in texts:
-        case = Case(f"{text[:40]!r}", (text, tokenizer))
-        got = call_learner(encode_fn, case, fn_name="encode")
-        if isinstance(got, np.ndarray) and got.ndim == 1:
-            got = got.tolist()
-        if isinstance(got, str) or not isinstance(got, list | tuple):
-            fix = " (a tensor: .tolist() makes it a list)" if isinstance(got, torch.Tensor) \
-                else ""
-            raise CheckFailure(f"encode should return a list of token ids, got {describe(got)}"
-                               f"{fix} (text {text!r:.60})")
-        got = [require_count(i, "a token id", case) for i in got]
-        expected = tokenizer.encode(text)
-        if got == expected:
+    cases = stream_cases()
+    for name, ids, valid in cases:
+        got = _learner_pieces(stream_fn, name, ids, tokenizer)
+        expected = tokenizer.decode(ids)
+        if "".join(got) != expected:
+            for wrong_fn, message in STREAM_MISTAKES:
+                wrong = wrong_fn(ids, tokenizer)
+                if "".join(wrong) == "".join(got) != expected:
+                    raise CheckFailure(
+                        f"{message} (case '{name}': joined, yours is {''.join(got)[:60]!r}, "
+                        f"decode gives {expected[:60]!r}; the tokens' bytes: "
+                        f"{_stream_tokens(tokenizer, ids)}). {STREAM_INSTRUMENT}")
+            raise CheckFailure(f"your pieces, joined, differ from tokenizer.decode(ids) on the "
+                               f"case '{name}': yours {''.join(got)[:80]!r}, decode "
+                               f"{expected[:80]!r}")
+        if not valid:
             continue
-        for wrong_fn, message in FIX_MISTAKES:
-            wrong = wrong_fn(text, tokenizer)
-            if got == wrong != expected:
-                raise CheckFailure(f"{message} (text {text!r:.60}: yours {_tokens(tokenizer, got)}"
-                                   f"; BPETokenizer.encode {_tokens(tokenizer, expected)}). "
-                                   f"{INSTRUMENT}")
-        raise CheckFailure(f"encode differs from BPETokenizer.encode on the text {text!r:.60}: "
-                           f"yours {_tokens(tokenizer, got)[:300]}; expected "
-                           f"{_tokens(tokenizer, expected)[:300]}")
-    print(f"\u2705 encode gives exactly BPETokenizer.encode's ids on all {len(texts)} texts "
-          f"(lines of Shakespeare, repeated pairs, runs of one letter, spaces, digits)")
-
-
+        right = reference_stream(ids, tokenizer)
+        shown, due = "", ""
+        for k, (mine, theirs) in enumerate(zip(got, right, strict=True)):
+            shown, due = shown + mine, due + theirs
+            if shown == due:
+                continue
+            for wrong_fn, message in TIMING_MISTAKES:
+                if wrong_fn(ids, tokenizer) == got:
+                    raise CheckFailure(f"{message} (case '{name}')")
+            raise CheckFailure(
+                f"after id {k} of the case '{name}' your pieces show {shown[-40:]!r}, but the "
+                f"characters whose bytes have all arrived are {due[-40:]!r}: each character "
+                "comes out with the id that brings its last byte, not earlier and not later")
+    print(f"\u2705 stream_decode gives tokenizer.decode's text on all {len(cases)} cases (the "
+          "plays, accents, emoji, Russian, Japanese, a sequence cut inside a character, invalid "
+          "bytes), each character as soon as its last byte has arrived")
 
 # --------------------------------------------------------------------------------------------
 # Exercise 13.5: bits per character of a unigram model
@@ -819,8 +885,8 @@ def check_bits_per_char(bits_fn: Callable) -> None:
           "200,000 characters of the plays, measured on the next 30,000:\n" + "\n".join(rows))
 
 
-__all__ = ["buggy_encode", "check_bits_per_char", "check_bpe_step",
-           "check_compression_prediction", "check_encode_prediction", "check_fixed_encode",
+__all__ = ["buggy_stream", "check_bits_per_char", "check_merge_and_count",
+           "check_compression_prediction", "check_encode_prediction", "check_stream_decode",
            "compression_tokenizer", "measured_compression", "word_table", "COMPRESSION_TEXTS",
            "ENCODE_MERGES", "ENCODE_WORDS"]
 
