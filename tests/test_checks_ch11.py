@@ -19,9 +19,9 @@ from course_lib.course.checks import CheckFailure, ch11
 from course_lib.generation import sample_next_token
 from course_lib.instruments.gym import (
     CacheAttention,
-    QueryAxisAttention,
+    DisagreeingAttention,
     RotaryAttention,
-    ScaleAttention,
+    TooFastAttention,
     sample_with_temperature,
 )
 from course_lib.positions import RotaryEmbedding, apply_rope
@@ -42,19 +42,19 @@ def _attend(layer, q, k, v, *, scale=None, mask=None, dim=-1, merge=True):
 # 11.3 softmax
 
 
-class SoftmaxLastAxis(QueryAxisAttention):
+class SoftmaxLastAxis(TooFastAttention):
     def forward(self, x):
         return self.out_proj(_attend(self, *self.heads(x), mask=causal_mask(x.shape[1])))
 
 
-class SoftmaxLibrary(QueryAxisAttention):  # torch's fused attention, is_causal
+class SoftmaxLibrary(TooFastAttention):  # torch's fused attention, is_causal
     def forward(self, x):
         q, k, v = self.heads(x)
         return self.out_proj(F.scaled_dot_product_attention(q, k, v, is_causal=True)
                              .transpose(1, 2).flatten(2))
 
 
-class SoftmaxByHand(QueryAxisAttention):  # exp, then divide by the row sums
+class SoftmaxByHand(TooFastAttention):  # exp, then divide by the row sums
     def forward(self, x):
         q, k, v = self.heads(x)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
@@ -63,12 +63,12 @@ class SoftmaxByHand(QueryAxisAttention):  # exp, then divide by the row sums
         return self.out_proj(merge_heads(e / e.sum(-1, keepdim=True) @ v))
 
 
-class SoftmaxNoMask(QueryAxisAttention):  # softmax fixed, mask dropped
+class SoftmaxNoMask(TooFastAttention):  # softmax fixed, mask dropped
     def forward(self, x):
         return self.out_proj(_attend(self, *self.heads(x)))
 
 
-class SoftmaxUnscaled(QueryAxisAttention):
+class SoftmaxUnscaled(TooFastAttention):
     def forward(self, x):
         return self.out_proj(_attend(self, *self.heads(x), scale=1.0,
                                      mask=causal_mask(x.shape[1])))
@@ -77,28 +77,28 @@ class SoftmaxUnscaled(QueryAxisAttention):
 # 11.4 scale
 
 
-class ScaleSqrtDh(ScaleAttention):
+class ScaleSqrtDh(DisagreeingAttention):
     def forward(self, x):
         return self.out_proj(_attend(self, *self.heads(x)))
 
 
-class ScaleFused(ScaleAttention):  # torch's kernel scales by 1/sqrt(Dh) itself
+class ScaleFused(DisagreeingAttention):  # torch's kernel scales by 1/sqrt(Dh) itself
     def forward(self, x):
         q, k, v = self.heads(x)
         return self.out_proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
 
 
-class ScaleNone(ScaleAttention):
+class ScaleNone(DisagreeingAttention):
     def forward(self, x):
         return self.out_proj(_attend(self, *self.heads(x), scale=1.0))
 
 
-class ScaleByDh(ScaleAttention):
+class ScaleByDh(DisagreeingAttention):
     def forward(self, x):
         return self.out_proj(_attend(self, *self.heads(x), scale=1 / self.d_head))
 
 
-# 11.5 rope_v
+# 11.5 rope
 
 
 class RopeQK(RotaryAttention):
@@ -240,11 +240,11 @@ CacheRotatedTwice = _cache_repair(rotate_again=True)
 
 
 GYM = {  # check: (correct repairs, the buggy class, [(wrong repair, distinctive phrase)])
-    ch11.check_fixed_softmax: ([SoftmaxLastAxis, SoftmaxLibrary, SoftmaxByHand],
-                               QueryAxisAttention, [
+    ch11.check_fixed_too_fast: ([SoftmaxLastAxis, SoftmaxLibrary, SoftmaxByHand],
+                               TooFastAttention, [
         (SoftmaxNoMask, r"future_leaks on your layer: LEAK"),
         (SoftmaxUnscaled, "does not scale the scores at all")]),
-    ch11.check_fixed_scale: ([ScaleSqrtDh, ScaleFused], ScaleAttention, [
+    ch11.check_fixed_disagreeing: ([ScaleSqrtDh, ScaleFused], DisagreeingAttention, [
         (ScaleNone, "does not scale the scores at all"),
         (ScaleByDh, "divide the scores by Dh")]),
     ch11.check_fixed_rope: ([RopeQK, RopeModule, RopeFromOne], RotaryAttention, [
@@ -264,15 +264,15 @@ GYM = {  # check: (correct repairs, the buggy class, [(wrong repair, distinctive
         (CacheRotatedTwice, "rotates the cached keys again")]),
 }
 BUGGY_MESSAGES = {  # what the check says about the unrepaired module: its instrument's verdict
-    ch11.check_fixed_softmax: r"future_leaks on your layer: LEAK: .* up to \d position\(s\) ahead",
-    ch11.check_fixed_scale: r"first_divergence\(reference, your layer\)(.|\n)*With one head "
+    ch11.check_fixed_too_fast: r"future_leaks on your layer: LEAK: .* up to \d position\(s\) ahead",
+    ch11.check_fixed_disagreeing: r"first_divergence\(reference, your layer\)(.|\n)*With one head "
                             "your layer agrees",
     ch11.check_fixed_rope: "The repeated-token test on your layer: one token at every position",
     ch11.check_fixed_cache: r"Cached = uncached fails on your layer: positions \[1, 2, 3",
 }
 CONFIRMATIONS = {  # the instrument's verdict on a repair, printed after the pass line
-    ch11.check_fixed_softmax: r"future_leaks on your layer: causal: .*\(T=6\)",
-    ch11.check_fixed_scale: "first_divergence.*all .* agree",
+    ch11.check_fixed_too_fast: r"future_leaks on your layer: causal: .*\(T=6\)",
+    ch11.check_fixed_disagreeing: "first_divergence.*all .* agree",
     ch11.check_fixed_rope: "the repeated-token test on your layer",
     ch11.check_fixed_cache: "cached = uncached on your layer",
 }
@@ -325,11 +325,11 @@ def test_an_unsolved_gym_stub_fails_as_itself(check):
 
 
 def test_the_gym_names_learner_mistakes():
-    class Crashes(QueryAxisAttention):
+    class Crashes(TooFastAttention):
         def forward(self, x):
             raise IndexError("oops")
 
-    class WrongShape(ScaleAttention):
+    class WrongShape(DisagreeingAttention):
         def forward(self, x):
             return x[:, 0]
 
@@ -343,9 +343,9 @@ def test_the_gym_names_learner_mistakes():
             self.extra = torch.nn.Linear(2, 2)
 
     with pytest.raises(CheckFailure, match="raised IndexError"):
-        ch11.check_fixed_softmax(Crashes)
+        ch11.check_fixed_too_fast(Crashes)
     with pytest.raises(CheckFailure, match="should have shape"):
-        ch11.check_fixed_scale(WrongShape)
+        ch11.check_fixed_disagreeing(WrongShape)
     with pytest.raises(CheckFailure, match="raised TypeError(.|\n)*keep RotaryAttention's"):
         ch11.check_fixed_rope(OtherInit)
     with pytest.raises(CheckFailure, match=r"extra \['extra.bias'"):

@@ -31,7 +31,7 @@ def _out(module, x, causal=False):
 
 
 def test_there_are_four_module_cases_each_with_its_reference_parameters():
-    assert sorted(gym.CASES) == ["cache", "rope_v", "scale", "softmax"]
+    assert sorted(gym.CASES) == ["cache", "disagrees", "rope", "too_fast"]
     for name in gym.CASES:
         buggy, ref = _pair(name)
         assert set(buggy.state_dict()) == set(ref.state_dict()), name
@@ -41,9 +41,9 @@ def test_there_are_four_module_cases_each_with_its_reference_parameters():
 
 
 def test_show_prints_the_buggy_source(capsys):
-    gym.show("softmax")
+    gym.show("too_fast")
     out = capsys.readouterr().out
-    assert "class QueryAxisAttention" in out and "dim=-2" in out
+    assert "class TooFastAttention" in out and "dim=-2" in out
     gym.show("temperature")
     assert "probs / temperature" in capsys.readouterr().out
     with pytest.raises(ValueError, match="name must be one of"):
@@ -51,23 +51,23 @@ def test_show_prints_the_buggy_source(capsys):
 
 
 def test_future_leaks_finds_the_softmax_over_the_queries():
-    buggy, ref = _pair("softmax")
+    buggy, ref = _pair("too_fast")
     x = _x()
     assert not future_leaks(lambda h: buggy(h), x).is_causal
     assert future_leaks(lambda h: ref(h, is_causal=True)[0], x).is_causal
 
 
 def test_the_scale_bug_vanishes_with_one_head_and_first_divergence_locates_it():
-    buggy, ref = _pair("scale")
+    buggy, ref = _pair("disagrees")
     x = _x()
     report = first_divergence(ref, buggy, lambda m: _out(m, x))
     assert report.divergence.candidate == "out_proj"
-    one, one_ref = _pair("scale", n_heads=1)
+    one, one_ref = _pair("disagrees", n_heads=1)
     torch.testing.assert_close(one(x), one_ref(x)[0])
 
 
 def test_the_repeated_token_test_finds_rope_on_the_values():
-    buggy, ref = _pair("rope_v")
+    buggy, ref = _pair("rope")
     assert gym.repeated_token_spread(lambda h: buggy(h), D) > 1e-2
     assert gym.repeated_token_spread(lambda h: ref(h)[0], D) < 1e-5
     x = _x()  # on other inputs the two differ too
@@ -116,11 +116,11 @@ def test_every_buggy_module_differs_from_its_reference(name):
 
 
 @pytest.mark.parametrize(("build", "error", "match"), [
-    (lambda: gym.ScaleAttention(16, 0), ValueError, "n_heads must be an integer >= 1, got 0"),
-    (lambda: gym.ScaleAttention(16.0, 4), TypeError, "d_model must be an integer"),
+    (lambda: gym.DisagreeingAttention(16, 0), ValueError, "n_heads must be an integer >= 1, got 0"),
+    (lambda: gym.DisagreeingAttention(16.0, 4), TypeError, "d_model must be an integer"),
     (lambda: gym.CacheAttention(16, 4, dropout=1.5), ValueError, "dropout must be a number in"),
     (lambda: gym.RotaryAttention(6, 2), ValueError, r"d_model / n_heads = 6 / 2 = 3 .* even"),
-    (lambda: gym.show(["softmax"]), ValueError, "name must be one of"),
+    (lambda: gym.show(["too_fast"]), ValueError, "name must be one of"),
 ])
 def test_a_station_built_or_shown_with_a_bad_argument_names_it(build, error, match):
     with pytest.raises(error, match=match):
@@ -128,7 +128,7 @@ def test_a_station_built_or_shown_with_a_bad_argument_names_it(build, error, mat
 
 
 def test_a_station_subclassed_by_the_learner_is_checked_too():
-    class Fixed(gym.ScaleAttention):
+    class Fixed(gym.DisagreeingAttention):
         pass
 
     with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=4"):

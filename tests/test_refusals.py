@@ -131,7 +131,7 @@ def test_a_string_for_a_flag_and_a_station_of_width_zero_are_refused():
     with pytest.raises(TypeError, match="progress must be True or False, got 'no'"):
         train_induction(induction_model(1, d_model=16), steps=1, progress="no")  # was True
     with pytest.raises(ValueError, match="d_model must be an integer >= 1, got 0"):
-        gym.ScaleAttention(0, 2)  # built a layer of 0 features
+        gym.DisagreeingAttention(0, 2)  # built a layer of 0 features
 
 
 def test_models_of_other_sizes_are_not_compared_module_by_module():
@@ -257,9 +257,9 @@ def test_a_cache_of_another_batch_or_other_heads_says_which():
     (lambda: gym.repeated_token_spread(lambda h: h, 0), ValueError, "d_model must be"),
     (lambda: gym.sample_frequencies(gym.sample_with_temperature, torch.randn(5), 1.0, n=-5),
      ValueError, "n must be an integer >= 1, got -5"),  # torch: integer multiplication overflow
-    (lambda: gym.QueryAxisAttention(10, 3)(torch.randn(1, 3, 10)), ValueError,
+    (lambda: gym.TooFastAttention(10, 3)(torch.randn(1, 3, 10)), ValueError,
      "d_model=10 is not divisible by n_heads=3"),  # RuntimeError: shape '[1, 3, 3, 3]' is invalid
-    (lambda: gym.ScaleAttention(16, 0), ValueError,
+    (lambda: gym.DisagreeingAttention(16, 0), ValueError,
      "n_heads must be an integer >= 1, got 0"),  # ZeroDivisionError
     (lambda: gym.sample_frequencies(gym.sample_with_temperature, torch.randn(5), "1"), TypeError,
      "temperature must be a number"),

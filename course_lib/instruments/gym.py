@@ -3,16 +3,17 @@
 Every buggy module runs, has the right output shape and the parameter names of the course_lib
 module it should equal (``qkv_proj``/``out_proj`` as in :class:`MultiHeadAttention`), so a
 fixed version can hold the reference's ``state_dict`` and be compared with it; the buggy
-sampler has the signature of a correct one. Each case also names the instrument that finds its
-mistake:
+sampler has the signature of a correct one. A case and its class are named after the symptom a
+learner meets, never after the mistake, so the names give nothing away. Each case also names
+the instrument that finds its mistake:
 
 ===========  ========================================  ========================================
 case         the planted mistake                       the instrument that finds it
 ===========  ========================================  ========================================
-softmax      softmax over the queries (dim=-2)         ``future_leaks`` (chapter 05)
-scale        scores divided by sqrt(D), not sqrt(Dh)   ``first_divergence`` (chapter 08), and
+too_fast     softmax over the queries (dim=-2)         ``future_leaks`` (chapter 05)
+disagrees    scores divided by sqrt(D), not sqrt(Dh)   ``first_divergence`` (chapter 08), and
                                                        the same layer with one head
-rope_v       RoPE applied to the values as well        the repeated-token test (chapter 03)
+rope         RoPE applied to the values as well        the repeated-token test (chapter 03)
 temperature  probabilities, not logits, divided by T   :func:`sample_frequencies` (chapter 09)
 cache        RoPE positions restart at 0 with a cache  cached = uncached (chapter 09)
 ===========  ========================================  ========================================
@@ -74,7 +75,7 @@ class GymAttention(nn.Module):
 # ----------------------------------------------------------------------------- the suspects
 
 
-class QueryAxisAttention(GymAttention):
+class TooFastAttention(GymAttention):
     """Causal self-attention, (B, T, D) -> (B, T, D). One line is wrong."""
 
     def forward(self, x):
@@ -87,7 +88,7 @@ class QueryAxisAttention(GymAttention):
         return self.out_proj(out)
 
 
-class ScaleAttention(GymAttention):
+class DisagreeingAttention(GymAttention):
     """Self-attention without a mask (an encoder's), (B, T, D) -> (B, T, D). One line is wrong."""
 
     def forward(self, x):
@@ -165,12 +166,12 @@ class GymCase:
 
 
 CASES = {case.name: case for case in (
-    GymCase("softmax", QueryAxisAttention, lambda d, h: MultiHeadAttention(d, h), True,
+    GymCase("too_fast", TooFastAttention, lambda d, h: MultiHeadAttention(d, h), True,
             "future_leaks (chapter 05): which outputs depend on later inputs"),
-    GymCase("scale", ScaleAttention, lambda d, h: MultiHeadAttention(d, h), False,
+    GymCase("disagrees", DisagreeingAttention, lambda d, h: MultiHeadAttention(d, h), False,
             "first_divergence (chapter 08) against course_lib's MultiHeadAttention, and the "
             "same comparison with one head"),
-    GymCase("rope_v", RotaryAttention, lambda d, h: MultiHeadAttention(d, h, rope=True), False,
+    GymCase("rope", RotaryAttention, lambda d, h: MultiHeadAttention(d, h, rope=True), False,
             "the repeated-token test (chapter 03): one token at every position "
             "must give one output at every position when the positions only steer the weights"),
     GymCase("cache", CacheAttention, lambda d, h: MultiHeadAttention(d, h, rope=True), True,

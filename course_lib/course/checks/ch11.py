@@ -142,7 +142,7 @@ def _wrong_repairs(case: GymCase, ref: nn.Module, x: torch.Tensor,
     mistakes = [Misconception(
         lambda *_: buggy, f"your module still computes what {case.buggy.__name__} computes: "
         "the planted mistake is still there")]
-    if case.name == "rope_v":
+    if case.name == "rope":
         plain = MultiHeadAttention(ref.d_model, ref.n_heads)
         plain.load_state_dict(ref.state_dict())
         with torch.no_grad():
@@ -164,8 +164,8 @@ def _wrong_repairs(case: GymCase, ref: nn.Module, x: torch.Tensor,
     if case.name == "cache":  # the wrong repairs that show without a cache already
         mistakes += [Misconception(lambda *_, m=mistake: _cache_repair(ref, m)(x), message)
                      for mistake, message in _CACHE_REPAIRS.items()]
-    if case.name in ("softmax", "scale", "rope_v"):
-        d_head, rotate = ref.d_head, "qk" if case.name == "rope_v" else ""
+    if case.name in ("too_fast", "disagrees", "rope"):
+        d_head, rotate = ref.d_head, "qk" if case.name == "rope" else ""
         mistakes += [
             Misconception(lambda *_: _attention_with(ref, x, 1.0, case.causal, rotate=rotate),
                           "your attention does not scale the scores at all: divide q k^T by "
@@ -261,10 +261,10 @@ def _confirm_causal(layer: nn.Module, x: torch.Tensor) -> str:
     return f"future_leaks on your layer: {report}"
 
 
-def check_fixed_softmax(cls: object) -> None:
-    """Exercise 11.3: ``cls(d_model, n_heads)`` (a QueryAxisAttention subclass) must compute
+def check_fixed_too_fast(cls: object) -> None:
+    """Exercise 11.3: ``cls(d_model, n_heads)`` (a TooFastAttention subclass) must compute
     causal self-attention, equal to ``MultiHeadAttention(d, h)(x, is_causal=True)[0]``."""
-    _check_gym("softmax", cls, _diagnose_mask, confirm=_confirm_causal)
+    _check_gym("too_fast", cls, _diagnose_mask, confirm=_confirm_causal)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def _diagnose_scale(layer: nn.Module, ref: nn.Module, x: torch.Tensor) -> str:
     def run() -> str:
         report = first_divergence(ref, layer, lambda m: _output(m(x)))
         lines = [f"first_divergence(reference, your layer):\n{report}"]
-        one_ref = _reference(CASES["scale"], x.shape[-1], 1, seed=1199)
+        one_ref = _reference(CASES["disagrees"], x.shape[-1], 1, seed=1199)
         one = type(layer)(x.shape[-1], 1)
         one.load_state_dict(one_ref.state_dict())
         with torch.no_grad():
@@ -288,21 +288,21 @@ def _diagnose_scale(layer: nn.Module, ref: nn.Module, x: torch.Tensor) -> str:
 
 
 def _confirm_divergence(layer: nn.Module, x: torch.Tensor) -> str:
-    ref = _reference(CASES["scale"], x.shape[-1], 4, seed=1198)
+    ref = _reference(CASES["disagrees"], x.shape[-1], 4, seed=1198)
     mine = type(layer)(x.shape[-1], 4)
     mine.load_state_dict(ref.state_dict())
     report = first_divergence(ref, mine.eval(), lambda m: _output(m(x)))
     return f"first_divergence(reference, your layer), 4 heads: {report}"
 
 
-def check_fixed_scale(cls: object) -> None:
-    """Exercise 11.4: ``cls(d_model, n_heads)`` (a ScaleAttention subclass) must equal
+def check_fixed_disagreeing(cls: object) -> None:
+    """Exercise 11.4: ``cls(d_model, n_heads)`` (a DisagreeingAttention subclass) must equal
     ``MultiHeadAttention(d, h)(x)[0]``, unmasked self-attention."""
-    _check_gym("scale", cls, _diagnose_scale, confirm=_confirm_divergence)
+    _check_gym("disagrees", cls, _diagnose_scale, confirm=_confirm_divergence)
 
 
 # --------------------------------------------------------------------------------------------
-# 11.5 rope_v: the values rotated too -> the repeated-token test
+# 11.5 rope: the values rotated too -> the repeated-token test
 
 
 def _diagnose_rope(layer: nn.Module, ref: nn.Module, x: torch.Tensor) -> str:
@@ -329,7 +329,7 @@ def _confirm_rope(layer: nn.Module, x: torch.Tensor) -> str:
 def check_fixed_rope(cls: object) -> None:
     """Exercise 11.5: ``cls(d_model, n_heads)`` (a RotaryAttention subclass) must equal
     ``MultiHeadAttention(d, h, rope=True)(x)[0]``, unmasked self-attention with RoPE."""
-    _check_gym("rope_v", cls, _diagnose_rope, confirm=_confirm_rope)
+    _check_gym("rope", cls, _diagnose_rope, confirm=_confirm_rope)
 
 
 # --------------------------------------------------------------------------------------------
