@@ -3,6 +3,7 @@
     python -m benchmarks.compare_char_lm                  # reference config, 2,000 updates each
     python -m benchmarks.compare_char_lm --iters 300      # a short run
     python -m benchmarks.compare_char_lm --profile 30     # torch.profiler: top ops of 30 updates
+    python -m benchmarks.compare_char_lm --phases 400     # forward, backward, update timed apart
 
 Both models are the benchmark's reference configuration (``train_char_lm.CONFIGS
 ["reference"]``: 4 layers, 4 heads, d_model 128, context 64, batch 12, no dropout, no biases,
@@ -20,6 +21,10 @@ side uses course_lib's own training pieces: ``param_groups`` and the ``TrainConf
 (``lr_at``), and the optimizer as ``course_lib.train.train`` builds it; ``train`` itself runs a
 whole training at once and cannot take turns, so its update is replicated here line for line
 (including reading the gradient norm it records).
+
+``--phases N`` times the three parts of N updates apart (forward with the loss; zero_grad and
+backward; clipping, the optimizer step and reading the loss and gradient norm), the models
+alternating update by update, so it shows where the two differ.
 
 Printed: the median (and mean) milliseconds per update of each, the ratio course / baseline of
 the medians and the median of the per-block ratios, and each model's loss over the whole
@@ -197,6 +202,68 @@ def profile(steps: dict[str, Step], batches: list, n: int, top: int, rounds: int
           f"{totals[3]:>6.0f} {totals[0] - totals[2]:>8.3f}")
 
 
+def phase_parts(model: nn.Module, optimizer: torch.optim.Optimizer, train_config, *,
+                course: bool) -> tuple[Callable, Callable, Callable]:
+    """The update of :func:`course_step` (``course=True``) or of the baseline's ``train_step``
+    in three parts: ``forward(batch, i) -> loss``, ``backward(loss)``, ``update(loss)``."""
+    max_norm = train_config.grad_clip if train_config.grad_clip is not None else math.inf
+    decay = train_config.lr_decay_iters or train_config.max_iters
+
+    def forward(batch: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+        lr = train_config.lr_at(i) if course else get_lr(
+            i, lr=train_config.lr, min_lr=train_config.min_lr,
+            warmup_iters=train_config.warmup_iters, decay_iters=decay)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return model(**batch).loss if course else model(batch["ids"], batch["targets"])[1]
+
+    def backward(loss: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+
+    def update(loss: torch.Tensor) -> None:
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        loss.item()
+        if course:
+            float(grad_norm)  # train() records it every update
+
+    return forward, backward, update
+
+
+def phases(parts: dict[str, tuple[Callable, Callable, Callable]], draw: Callable[[], dict],
+           n: int, warmup: int = 20) -> None:
+    """Median milliseconds of each part of ``n`` updates per model (after ``warmup``), the
+    models taking turns update by update, each update on the same batch."""
+    names = ("forward", "backward", "update")
+    times = {model: {name: [] for name in names} for model in parts}
+    for i in range(warmup + n):
+        batch = draw()
+        for model in list(parts) if i % 2 == 0 else list(reversed(parts)):
+            forward, backward, update = parts[model]
+            t0 = time.perf_counter()
+            loss = forward(batch, i)
+            t1 = time.perf_counter()
+            backward(loss)
+            t2 = time.perf_counter()
+            update(loss)
+            t3 = time.perf_counter()
+            if i >= warmup:
+                for name, seconds in zip(names, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                    times[model][name].append(seconds)
+    print(f"\n{n} updates each, median ms per part (models alternating update by update)")
+    print(f"{'part':<10} {'course':>8} {'baseline':>9} {'difference':>11}")
+    total = {"course": 0.0, "baseline": 0.0}
+    for name in names:
+        ms = {model: 1000 * statistics.median(times[model][name]) for model in parts}
+        total = {model: total[model] + ms[model] for model in parts}
+        print(f"{name:<10} {ms['course']:>8.3f} {ms['baseline']:>9.3f} "
+              f"{ms['course'] - ms['baseline']:>+11.3f}")
+    print(f"{'sum':<10} {total['course']:>8.3f} {total['baseline']:>9.3f} "
+          f"{total['course'] - total['baseline']:>+11.3f}  (ratio "
+          f"{total['course'] / total['baseline']:.3f}); load average after {_load()}")
+
+
 def side_by_side(steps: dict[str, Step], draw: Callable[[], dict], first: dict, iters: int,
                  block: int) -> tuple[dict[str, list[float]], dict[str, list[float]], list[float]]:
     """Train every model for ``iters`` updates on the same batches, in turns of ``block``.
@@ -262,6 +329,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plays", default="default", help="'default' or 'all'")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile N updates of each model instead of training")
+    parser.add_argument("--phases", type=int, default=0, metavar="N",
+                        help="time forward, backward and update apart over N updates each")
     parser.add_argument("--top", type=int, default=25, help="rows of the profile tables")
     return parser.parse_args(argv)
 
@@ -296,6 +365,14 @@ def main(argv: list[str] | None = None) -> int:
           + check_same(course, baseline, train_config, first))
     course.train()
     baseline.train()
+    if args.phases:
+        parts = {
+            "course": phase_parts(course, course_optimizer(course, train_config), train_config,
+                                  course=True),
+            "baseline": phase_parts(baseline, baseline_optimizer, train_config, course=False),
+        }
+        phases(parts, draw, args.phases)
+        return 0
     if args.profile:
         profile(steps, [first] + [draw() for _ in range(args.profile + 5)], args.profile, args.top)
         return 0
