@@ -20,7 +20,8 @@ clipping, the optimizer step and reading the loss (which waits for the device). 
 side uses course_lib's own training pieces: ``param_groups`` and the ``TrainConfig`` schedule
 (``lr_at``), and the optimizer as ``course_lib.train.train`` builds it; ``train`` itself runs a
 whole training at once and cannot take turns, so its update is replicated here line for line
-(including reading the gradient norm it records).
+(including reading the gradient norm it records), and the baseline runs the same update
+(:func:`update_parts`).
 
 ``--phases N`` times the three parts of N updates apart (forward with the loss; zero_grad and
 backward; clipping, the optimizer step and reading the loss and gradient norm), the models
@@ -50,7 +51,6 @@ from benchmarks.minimal_gpt import (
     configure_optimizer,
     copy_course_weights,
     get_lr,
-    train_step,
 )
 from benchmarks.train_char_lm import CONFIGS, _load, build_model, load_corpus
 
@@ -76,35 +76,54 @@ def course_optimizer(model: nn.Module, train_config) -> torch.optim.Optimizer:
     )
 
 
-def course_step(model: nn.Module, optimizer: torch.optim.Optimizer, train_config) -> Step:
-    """One update as in ``course_lib.train.train``'s loop (lr, forward, backward, clip, step)."""
-    max_norm = train_config.grad_clip if train_config.grad_clip is not None else math.inf
+Parts = tuple[Callable, Callable, Callable]
 
-    def step(batch: dict[str, torch.Tensor], i: int) -> float:
-        lr = train_config.lr_at(i)
+
+def update_parts(model: nn.Module, optimizer: torch.optim.Optimizer, train_config, *,
+                 course: bool) -> Parts:
+    """One update in three parts: ``forward(batch, i) -> loss`` (set the learning rate, then
+    the forward pass with the loss), ``backward(loss)`` (zero_grad, backward) and
+    ``update(loss) -> float`` (clip the gradient's global norm, optimizer step, read the loss).
+
+    The course side (``course=True``) is ``course_lib.train.train``'s update line for line: the
+    ``TrainConfig`` schedule (``lr_at``), ``model(**batch).loss``, and reading the gradient norm
+    it records. The baseline's differs only where the minimal GPT does: its own copy of the
+    schedule (``get_lr``) and its ``(logits, loss)`` forward.
+    """
+    max_norm = train_config.grad_clip if train_config.grad_clip is not None else math.inf
+    decay = train_config.lr_decay_iters or train_config.max_iters
+
+    def forward(batch: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+        lr = train_config.lr_at(i) if course else get_lr(
+            i, lr=train_config.lr, min_lr=train_config.min_lr,
+            warmup_iters=train_config.warmup_iters, decay_iters=decay)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss = model(**batch).loss
+        return model(**batch).loss if course else model(batch["ids"], batch["targets"])[1]
+
+    def backward(loss: torch.Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+
+    def update(loss: torch.Tensor) -> float:
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
-        loss_value = loss.item()
-        float(grad_norm)  # train() records it every update
+        loss_value = loss.item()  # waits for the device: the update is complete
+        if course:
+            float(grad_norm)  # train() records it every update
         return loss_value
 
-    return step
+    return forward, backward, update
 
 
-def baseline_step(model: MinimalGPT, optimizer: torch.optim.Optimizer, train_config) -> Step:
-    """One update of the minimal GPT, with its own copy of the schedule."""
-    schedule = dict(lr=train_config.lr, min_lr=train_config.min_lr,
-                    warmup_iters=train_config.warmup_iters,
-                    decay_iters=train_config.lr_decay_iters or train_config.max_iters)
+def as_step(parts: Parts) -> Step:
+    """The three parts as one update, ``step(batch, i) -> loss``."""
+    forward, backward, update = parts
 
     def step(batch: dict[str, torch.Tensor], i: int) -> float:
-        return train_step(model, optimizer, batch["ids"], batch["targets"],
-                          lr=get_lr(i, **schedule), grad_clip=train_config.grad_clip)
+        loss = forward(batch, i)
+        backward(loss)
+        return update(loss)
 
     return step
 
@@ -202,36 +221,7 @@ def profile(steps: dict[str, Step], batches: list, n: int, top: int, rounds: int
           f"{totals[3]:>6.0f} {totals[0] - totals[2]:>8.3f}")
 
 
-def phase_parts(model: nn.Module, optimizer: torch.optim.Optimizer, train_config, *,
-                course: bool) -> tuple[Callable, Callable, Callable]:
-    """The update of :func:`course_step` (``course=True``) or of the baseline's ``train_step``
-    in three parts: ``forward(batch, i) -> loss``, ``backward(loss)``, ``update(loss)``."""
-    max_norm = train_config.grad_clip if train_config.grad_clip is not None else math.inf
-    decay = train_config.lr_decay_iters or train_config.max_iters
-
-    def forward(batch: dict[str, torch.Tensor], i: int) -> torch.Tensor:
-        lr = train_config.lr_at(i) if course else get_lr(
-            i, lr=train_config.lr, min_lr=train_config.min_lr,
-            warmup_iters=train_config.warmup_iters, decay_iters=decay)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        return model(**batch).loss if course else model(batch["ids"], batch["targets"])[1]
-
-    def backward(loss: torch.Tensor) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-
-    def update(loss: torch.Tensor) -> None:
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        optimizer.step()
-        loss.item()
-        if course:
-            float(grad_norm)  # train() records it every update
-
-    return forward, backward, update
-
-
-def phases(parts: dict[str, tuple[Callable, Callable, Callable]], draw: Callable[[], dict],
+def phases(parts: dict[str, Parts], draw: Callable[[], dict],
            n: int, warmup: int = 20) -> None:
     """Median milliseconds of each part of ``n`` updates per model (after ``warmup``), the
     models taking turns update by update, each update on the same batch."""
@@ -353,24 +343,21 @@ def main(argv: list[str] | None = None) -> int:
     course, baseline = build(setup, tokenizer.vocab_size, args.seed, args.own_init)
     draw = lm_batches(train_ids, setup.batch_size, setup.block_size,
                       generator=torch.Generator().manual_seed(args.seed + 1))
-    baseline_optimizer = configure_optimizer(
-        baseline, lr=train_config.lr, weight_decay=train_config.weight_decay,
-        betas=train_config.betas)
-    steps = {
-        "course": course_step(course, course_optimizer(course, train_config), train_config),
-        "baseline": baseline_step(baseline, baseline_optimizer, train_config),
+    optimizers = {
+        "course": course_optimizer(course, train_config),
+        "baseline": configure_optimizer(baseline, lr=train_config.lr,
+                                        weight_decay=train_config.weight_decay,
+                                        betas=train_config.betas),
     }
+    parts = {name: update_parts(model, optimizers[name], train_config, course=name == "course")
+             for name, model in (("course", course), ("baseline", baseline))}
+    steps = {name: as_step(p) for name, p in parts.items()}
     first = draw()
     print(f"parameters: {count_parameters(course):,} each; "
           + check_same(course, baseline, train_config, first))
     course.train()
     baseline.train()
     if args.phases:
-        parts = {
-            "course": phase_parts(course, course_optimizer(course, train_config), train_config,
-                                  course=True),
-            "baseline": phase_parts(baseline, baseline_optimizer, train_config, course=False),
-        }
         phases(parts, draw, args.phases)
         return 0
     if args.profile:

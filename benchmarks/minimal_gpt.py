@@ -6,7 +6,9 @@ It is written the way a practitioner writes a small GPT (in the spirit of nanoGP
 (``x = x + attn(ln_1(x))``, ``x = x + mlp(ln_2(x))``) with ``nn.LayerNorm``, a fused qkv
 projection, ``F.scaled_dot_product_attention(is_causal=True)``, a GELU MLP, a final LayerNorm
 and an output layer tied to the token embedding; GPT-2's initialisation; AdamW with weight
-decay on the weight matrices, a warm-up + cosine learning rate and gradient clipping.
+decay on the weight matrices and a warm-up + cosine learning rate. The update itself (with
+gradient clipping) is written once in the benchmark, for both models
+(``compare_char_lm.update_parts``).
 
 It computes the same function as course_lib's decoder at the benchmark's configuration, so the
 two can start from the same weights (:func:`copy_course_weights`) and their speeds compared
@@ -165,30 +167,6 @@ def get_lr(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iter
         return min_lr
     progress = (step + 1 - warmup_iters) / (decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
-
-
-def train_step(
-    model: MinimalGPT,
-    optimizer: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    lr: float,
-    grad_clip: float = 1.0,
-) -> float:
-    """One update: forward, backward, clip the gradient's global norm, AdamW step.
-
-    Returns:
-        The batch's loss (reading it waits for the device, so the update is complete).
-    """
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    _, loss = model(x, y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    return loss.item()
 
 
 # course_lib parameter name -> MinimalGPT parameter name, for one block ({i} = block index)
